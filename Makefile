@@ -1,0 +1,33 @@
+GO ?= go
+BIN := bin/tidyconnect
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=$(VERSION)
+
+.PHONY: build test fmt-check vet unit bench run up demo clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tidyconnect
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+# All tests, with the race detector. Integration tests need PostgreSQL and
+# RabbitMQ: see README "Running the tests".
+test: fmt-check vet
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+
+run: build
+	$(BIN) standalone --data-dir ./data
+
+up:
+	docker compose up
+
+clean:
+	rm -rf bin data

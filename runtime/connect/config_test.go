@@ -1,0 +1,118 @@
+package connect
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestConfigDefValidate(t *testing.T) {
+	def := ConfigDef{
+		{Name: "url", Type: TypeString, Required: true, Secret: true},
+		{Name: "n", Type: TypeInt, Default: "3"},
+		{Name: "flag", Type: TypeBoolean, Default: "false"},
+		{Name: "mode", Type: TypeString, Default: "a", Validate: func(v string) error {
+			if v != "a" && v != "b" {
+				return errors.New("must be a or b")
+			}
+			return nil
+		}},
+	}
+	tests := []struct {
+		name    string
+		cfg     Config
+		badKeys []string
+	}{
+		{"valid", Config{"url": "x", "n": "5", "flag": "TRUE", "mode": "b"}, nil},
+		{"defaults", Config{"url": "x"}, nil},
+		{"missing required", Config{}, []string{"url"}},
+		{"blank required", Config{"url": "  "}, []string{"url"}},
+		{"every bad field", Config{"n": "five", "flag": "yes", "mode": "c"}, []string{"url", "n", "flag", "mode"}},
+		{"int overflow", Config{"url": "x", "n": "99999999999"}, []string{"n"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			errs := def.Validate(tt.cfg)
+			if len(errs) != len(tt.badKeys) {
+				t.Fatalf("errors %v, want keys %v", errs, tt.badKeys)
+			}
+			for _, k := range tt.badKeys {
+				if len(errs[k]) == 0 {
+					t.Errorf("no error for %s: %v", k, errs)
+				}
+				for _, msg := range errs[k] {
+					if !strings.Contains(msg, k) {
+						t.Errorf("message %q does not name %s", msg, k)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestMaskCredentials(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"amqp://guest:guest@localhost:5672/", "amqp://guest:xxxxx@localhost:5672/"},
+		{"postgres://u:p%40ss@h:5432/db?sslmode=disable", "postgres://u:xxxxx@h:5432/db?sslmode=disable"},
+		{"postgres://u@h/db?password=s3cret", "postgres://u@h/db?password=xxxxx"},
+		{"host=h user=u password=s3cret dbname=d", "host=h user=u password=xxxxx dbname=d"},
+		{"host=h password='a b' dbname=d", "host=h password=xxxxx dbname=d"},
+		{"postgres://u@h/db", "postgres://u@h/db"},
+		{"plain", "plain"},
+	}
+	for _, tt := range tests {
+		if got := MaskCredentials(tt.in); got != tt.want {
+			t.Errorf("MaskCredentials(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestMaskAndUnmask(t *testing.T) {
+	def := ConfigDef{
+		{Name: "url", Type: TypeString, Secret: true},
+		{Name: "pw", Type: TypePassword},
+	}
+	stored := Config{"url": "amqp://u:secret@h/", "pw": "p", "other.password": "q", "plain": "v"}
+	masked := def.Mask(stored)
+	for k, v := range masked {
+		if strings.Contains(v, "secret") || v == "p" || v == "q" {
+			t.Errorf("%s not masked: %q", k, v)
+		}
+	}
+	if masked["plain"] != "v" {
+		t.Errorf("plain value changed: %q", masked["plain"])
+	}
+	update := masked.Clone()
+	update["plain"] = "w"
+	got := def.Unmask(update, stored)
+	if got["url"] != stored["url"] || got["pw"] != "p" || got["plain"] != "w" {
+		t.Errorf("Unmask = %v", got)
+	}
+	// A genuinely new secret is kept.
+	update["url"] = "amqp://u:new@h/"
+	if got := def.Unmask(update, stored); got["url"] != "amqp://u:new@h/" {
+		t.Errorf("new secret replaced: %v", got["url"])
+	}
+}
+
+func TestMemoryLedger(t *testing.T) {
+	ctx := t.Context()
+	l := NewMemoryLedger()
+	a := Resource{Kind: "k", Name: "a", Location: "l"}
+	b := Resource{Kind: "k", Name: "b", Location: "l"}
+	for _, r := range []Resource{a, b, a} {
+		if err := l.Own(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := l.List(ctx)
+	if len(got) != 2 || got[0] != a || got[1] != b {
+		t.Fatalf("List = %v", got)
+	}
+	_ = l.Release(ctx, a)
+	_ = l.Release(ctx, a)
+	got, _ = l.List(ctx)
+	if len(got) != 1 || got[0] != b {
+		t.Fatalf("after release List = %v", got)
+	}
+}
