@@ -208,10 +208,13 @@ func restartKeepsSameResources(t *testing.T, s Subject) {
 		t.Fatalf("plain stop: %v", err)
 	}
 	awaitReleased(t, s, cfg["name"], before)
-	for _, r := range owned(t, s, ledger) {
+	for _, r := range got1 {
 		if !exists(t, s, r) {
 			t.Errorf("resource %v was dropped by a plain stop (Stop(false))", r)
 		}
+	}
+	if after := owned(t, s, ledger); !sameSet(got1, after) {
+		t.Errorf("a plain stop (Stop(false)) changed the ledger:\nbefore: %v\nafter:  %v", got1, after)
 	}
 
 	second := start(t, s, cfg, ledger)
