@@ -1,0 +1,129 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// tmpMarker is part of every temporary file name, so that a file left behind
+// by a crash between create and rename is recognised and ignored.
+const tmpMarker = ".tmp-"
+
+// writeFileAtomic replaces dir/name with data so that a reader (or a process
+// restarted after a crash) sees either the old or the new content, never a
+// mix: write a temporary file in the same directory, fsync it, rename it over
+// the target, then fsync the directory so the rename itself is durable.
+func writeFileAtomic(dir, name string, data []byte) error {
+	f, err := os.CreateTemp(dir, "."+name+tmpMarker+"*")
+	if err != nil {
+		return fmt.Errorf("store: creating a temporary file in %s (check the data directory is writable): %w", dir, err)
+	}
+	tmp := f.Name()
+	cleanup := func() { _ = os.Remove(tmp) }
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		cleanup()
+		return fmt.Errorf("store: writing %s (is the disk full?): %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		cleanup()
+		return fmt.Errorf("store: syncing %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		cleanup()
+		return fmt.Errorf("store: closing %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		cleanup()
+		return fmt.Errorf("store: renaming %s into place: %w", tmp, err)
+	}
+	return syncDir(dir)
+}
+
+// removeFileDurable removes dir/name (absent is fine) and makes the removal
+// durable.
+func removeFileDurable(dir, name string) error {
+	err := os.Remove(filepath.Join(dir, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("store: removing %s: %w", filepath.Join(dir, name), err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("store: opening directory %s to sync it: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("store: syncing directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// writeJSON marshals v and writes it atomically.
+func writeJSON(dir, name string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("store: encoding %s: %w", name, err)
+	}
+	return writeFileAtomic(dir, name, append(data, '\n'))
+}
+
+// readJSON reads dir/name into v; ok is false when the file does not exist.
+func readJSON(dir, name string, v any) (ok bool, err error) {
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: reading %s: %w", filepath.Join(dir, name), err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return false, fmt.Errorf("store: %s is corrupt (restore it from a backup or remove it): %w", filepath.Join(dir, name), err)
+	}
+	return true, nil
+}
+
+// removeTemps deletes temporary files a crash left in dir.
+func removeTemps(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("store: listing %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasPrefix(e.Name(), ".") && strings.Contains(e.Name(), tmpMarker) {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+	return nil
+}
+
+// escapeName turns a connector name into a directory name that is safe on
+// any file system and distinct for distinct names: bytes outside
+// [A-Za-z0-9_-] become %XX, and so does a leading dot.
+func escapeName(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+			b.WriteByte(c)
+		case c == '.' && i > 0:
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
