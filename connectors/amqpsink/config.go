@@ -1,0 +1,333 @@
+package amqpsink
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// Configuration keys. Their names are the connector's public interface.
+const (
+	KeyURL              = "rabbitmq.url"
+	KeyTopics           = "topics"
+	KeyTopicsRegex      = "topics.regex"
+	KeyExchange         = "rabbitmq.exchange"
+	KeyExchangeType     = "rabbitmq.exchange.type"
+	KeyQueue            = "rabbitmq.queue"
+	KeyQueueType        = "rabbitmq.queue.type"
+	KeyRoutingKey       = "rabbitmq.routing.key"
+	KeyCleanupOnDelete  = "cleanup.on.delete"
+	KeyContentType      = "rabbitmq.content.type"
+	KeyMaxInFlight      = "rabbitmq.max.in.flight"
+	KeyReconnectTimeout = "rabbitmq.reconnect.timeout.ms"
+	KeyErrorsTolerance  = "errors.tolerance"
+	KeyDLQTopic         = "errors.deadletterqueue.topic.name"
+)
+
+// Resource kinds recorded in the ledger.
+const (
+	KindExchange = "rabbitmq.exchange"
+	KindQueue    = "rabbitmq.queue"
+	KindBinding  = "rabbitmq.binding"
+)
+
+// OwnerArg is the queue and binding argument that marks an object created by
+// a tidyconnect connector; its value is the connector name. RabbitMQ stores
+// unknown x- arguments without interpreting them (also for quorum queues) and
+// leaves them out of its equivalence check, and a binding's arguments are part
+// of its identity, so a marked binding cannot be mistaken for one a person made.
+const OwnerArg = "x-tidyconnect-owner"
+
+// Message header names carrying the Kafka coordinates.
+const (
+	HeaderTopic     = "kafka.topic"
+	HeaderPartition = "kafka.partition"
+	HeaderOffset    = "kafka.offset"
+	HeaderKey       = "kafka.key"
+)
+
+const (
+	placeholderTopic     = "${topic}"
+	placeholderPartition = "${partition}"
+	placeholderKey       = "${key}"
+)
+
+var placeholderRe = regexp.MustCompile(`\$\{[^}]*\}?`)
+
+// checkTemplate reports placeholders other than the allowed ones.
+func checkTemplate(tmpl string, allowed ...string) error {
+	if strings.TrimSpace(tmpl) == "" {
+		return errors.New("the template is empty")
+	}
+	for _, p := range placeholderRe.FindAllString(tmpl, -1) {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || p == a
+		}
+		if !ok {
+			return fmt.Errorf("unknown placeholder %q (allowed: %s)", p, strings.Join(allowed, ", "))
+		}
+	}
+	if strings.Contains(placeholderRe.ReplaceAllString(tmpl, ""), "$") {
+		return errors.New("a lone '$' is not allowed; placeholders are written ${name}")
+	}
+	return nil
+}
+
+func checkURL(v string) error {
+	u, err := amqp.ParseURI(strings.TrimSpace(v))
+	if err != nil {
+		// ParseURI errors may quote the URL; never echo the password.
+		return fmt.Errorf("not an AMQP URL of the form amqp://user:pass@host:5672/vhost (%s)", connect.MaskCredentials(err.Error()))
+	}
+	if u.Host == "" {
+		return errors.New("the URL names no host")
+	}
+	return nil
+}
+
+func oneOf(values ...string) func(string) error {
+	return func(v string) error {
+		for _, ok := range values {
+			if v == ok {
+				return nil
+			}
+		}
+		return fmt.Errorf("must be one of %s", strings.Join(values, ", "))
+	}
+}
+
+var configDef = connect.ConfigDef{
+	{Name: KeyURL, Type: connect.TypeString, Required: true, Secret: true, Importance: connect.ImportanceHigh, Group: "RabbitMQ", Order: 1,
+		Doc: "AMQP URL of the broker: amqp://user:pass@host:5672/vhost. The password is masked in every output.", Validate: checkURL},
+	{Name: KeyTopics, Type: connect.TypeList, Importance: connect.ImportanceHigh, Group: "Kafka", Order: 2,
+		Doc: "Kafka topics to deliver. Exactly one of topics and topics.regex is required."},
+	{Name: KeyTopicsRegex, Type: connect.TypeString, Importance: connect.ImportanceHigh, Group: "Kafka", Order: 3,
+		Doc: "Regular expression of Kafka topics to deliver; a queue is declared for each topic when its first record arrives.",
+		Validate: func(v string) error { _, err := regexp.Compile(v); return err }},
+	{Name: KeyExchange, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 4,
+		Doc: "Exchange to publish to; created (and owned) when it does not exist. Default: the connector name.",
+		Validate: func(v string) error {
+			if strings.HasPrefix(v, "amq.") {
+				return nil // the predefined exchanges always exist and are never owned
+			}
+			return checkName(v)
+		}},
+	{Name: KeyExchangeType, Type: connect.TypeString, Default: "topic", Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 5,
+		Recommended: []string{"topic", "direct", "fanout", "headers"}, Doc: "Type of the exchange: topic, direct, fanout or headers.",
+		Validate: oneOf("topic", "direct", "fanout", "headers")},
+	{Name: KeyQueue, Type: connect.TypeString, Default: placeholderTopic, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 6,
+		Doc: "Queue name template, one durable queue per topic; ${topic} is replaced by the Kafka topic.",
+		Validate: func(v string) error { return checkTemplate(v, placeholderTopic) }},
+	{Name: KeyQueueType, Type: connect.TypeString, Default: "quorum", Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 7,
+		Recommended: []string{"quorum", "classic"}, Doc: "Type of the queues the connector creates: quorum or classic.",
+		Validate: oneOf("quorum", "classic")},
+	{Name: KeyRoutingKey, Type: connect.TypeString, Default: placeholderTopic, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 8,
+		Doc: "Routing-key template: ${topic}, ${partition} and ${key} (the record key as text) are replaced per record.",
+		Validate: func(v string) error { return checkTemplate(v, placeholderTopic, placeholderPartition, placeholderKey) }},
+	{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 9,
+		Doc: "Delete the owned bindings, queues and exchange when the connector is deleted; false keeps them."},
+	{Name: KeyContentType, Type: connect.TypeString, Default: "application/octet-stream", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 10,
+		Doc: "content-type property of every message (the record value is copied as is)."},
+	{Name: KeyMaxInFlight, Type: connect.TypeInt, Default: "4096", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 11,
+		Doc: "Messages published but not yet confirmed, per task; Put waits when it is reached. Bounds memory.",
+		Validate: positive},
+	{Name: KeyReconnectTimeout, Type: connect.TypeLong, Default: "300000", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 12,
+		Doc: "How long a task keeps reconnecting (with backoff) after losing the broker before it fails.",
+		Validate: positive},
+	{Name: KeyErrorsTolerance, Type: connect.TypeString, Default: "none", Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 13,
+		Recommended: []string{"none", "all"}, Doc: "none: an undeliverable record fails the task; all: it goes to the dead-letter topic (or is skipped).",
+		Validate: oneOf("none", "all")},
+	{Name: KeyDLQTopic, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 14,
+		Doc: "Dead-letter topic for undeliverable records (with errors.tolerance=all)."},
+}
+
+func positive(v string) error {
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n <= 0 {
+		return errors.New("must be a positive integer")
+	}
+	return nil
+}
+
+// checkName checks a literal exchange or queue name.
+func checkName(n string) error {
+	switch {
+	case len(n) > 255:
+		return fmt.Errorf("%d bytes is longer than RabbitMQ's 255", len(n))
+	case strings.HasPrefix(n, "amq."):
+		return errors.New("names starting with amq. are reserved by RabbitMQ")
+	}
+	return nil
+}
+
+// settings is a parsed, validated configuration.
+type settings struct {
+	connector    string
+	url          string
+	location     string // the URL without credentials: where owned resources live
+	topics       []string
+	topicsRegex  *regexp.Regexp
+	exchange     string
+	exchangeType string
+	queueTmpl    string
+	queueType    string
+	routingTmpl  string
+	cleanup      bool
+	contentType  string
+	maxInFlight  int
+	reconnect    time.Duration
+}
+
+// validate returns the error messages per key for cfg (defaults applied).
+func validate(cfg connect.Config) map[string][]string {
+	errs := configDef.Validate(cfg)
+	add := func(k, msg string) { errs[k] = append(errs[k], msg) }
+	topics, regex := strings.TrimSpace(cfg[KeyTopics]), strings.TrimSpace(cfg[KeyTopicsRegex])
+	switch {
+	case topics == "" && regex == "":
+		add(KeyTopics, "one of topics and topics.regex is required")
+	case topics != "" && regex != "":
+		add(KeyTopics, "topics and topics.regex are mutually exclusive; set only one")
+	}
+	if cfg[KeyExchange] == "" && cfg["name"] == "" {
+		add(KeyExchange, "no exchange given and no connector name to default to")
+	}
+	rk := cfg[KeyRoutingKey]
+	if rk == "" {
+		rk = placeholderTopic
+	}
+	if cfg[KeyExchangeType] == "direct" && (strings.Contains(rk, placeholderKey) || strings.Contains(rk, placeholderPartition)) {
+		add(KeyRoutingKey, "with a direct exchange the routing key may only use ${topic}: the queue binding must know the key in advance")
+	}
+	for k, v := range errs {
+		if len(v) == 0 {
+			delete(errs, k)
+		}
+	}
+	return errs
+}
+
+// validationError turns per-key messages into one error naming every key.
+func validationError(errs map[string][]string) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	var parts []string
+	for _, k := range sortedKeys(errs) {
+		parts = append(parts, k+": "+strings.Join(errs[k], "; "))
+	}
+	return fmt.Errorf("invalid amqpsink configuration (fix these keys): %s", strings.Join(parts, " | "))
+}
+
+func parse(cfg connect.Config, connector string) (*settings, error) {
+	if connector == "" {
+		connector = cfg["name"]
+	}
+	if cfg["name"] == "" && connector != "" {
+		cfg = cfg.Clone()
+		cfg["name"] = connector
+	}
+	cfg = configDef.WithDefaults(cfg)
+	if err := validationError(validate(cfg)); err != nil {
+		return nil, err
+	}
+	s := &settings{
+		connector:    connector,
+		url:          strings.TrimSpace(cfg[KeyURL]),
+		topics:       cfg.List(KeyTopics),
+		exchange:     cfg[KeyExchange],
+		exchangeType: cfg[KeyExchangeType],
+		queueTmpl:    cfg[KeyQueue],
+		queueType:    cfg[KeyQueueType],
+		routingTmpl:  cfg[KeyRoutingKey],
+		contentType:  cfg[KeyContentType],
+	}
+	if s.exchange == "" {
+		s.exchange = connector
+	}
+	var err error
+	if r := strings.TrimSpace(cfg[KeyTopicsRegex]); r != "" {
+		// Anchored, as Kafka's consumer matches the whole topic name.
+		if s.topicsRegex, err = regexp.Compile("^(?:" + r + ")$"); err != nil {
+			return nil, fmt.Errorf("%s: %w", KeyTopicsRegex, err)
+		}
+	}
+	if s.cleanup, err = cfg.Bool(KeyCleanupOnDelete, true); err != nil {
+		return nil, err
+	}
+	if s.maxInFlight, err = cfg.Int(KeyMaxInFlight, 4096); err != nil {
+		return nil, err
+	}
+	ms, err := strconv.ParseInt(cfg[KeyReconnectTimeout], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", KeyReconnectTimeout, err)
+	}
+	s.reconnect = time.Duration(ms) * time.Millisecond
+	s.location = location(s.url)
+	return s, nil
+}
+
+// location is the broker URL without credentials, normalised, so that the
+// same broker and vhost always give the same ledger location.
+func location(raw string) string {
+	u, err := amqp.ParseURI(raw)
+	if err != nil {
+		return ""
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: fmt.Sprintf("%s:%d", strings.ToLower(u.Host), u.Port), Path: "/" + url.PathEscape(u.Vhost)}).String()
+}
+
+// queueName renders the queue template for topic.
+func (s *settings) queueName(topic string) string {
+	return strings.ReplaceAll(s.queueTmpl, placeholderTopic, topic)
+}
+
+// routingKey renders the routing-key template for one record.
+func (s *settings) routingKey(topic string, partition int32, key []byte) string {
+	rk := s.routingTmpl
+	if !strings.Contains(rk, "${") {
+		return rk
+	}
+	rk = strings.ReplaceAll(rk, placeholderTopic, topic)
+	rk = strings.ReplaceAll(rk, placeholderPartition, strconv.Itoa(int(partition)))
+	return strings.ReplaceAll(rk, placeholderKey, string(key))
+}
+
+// bindingKey is the routing key the queue for topic is bound with: per-record
+// parts become a wildcard on a topic exchange.
+func (s *settings) bindingKey(topic string) string {
+	rk := strings.ReplaceAll(s.routingTmpl, placeholderTopic, topic)
+	rk = strings.ReplaceAll(rk, placeholderPartition, "*")
+	return strings.ReplaceAll(rk, placeholderKey, "#")
+}
+
+func (s *settings) wantsTopic(topic string) bool {
+	if s.topicsRegex != nil {
+		return s.topicsRegex.MatchString(topic)
+	}
+	for _, t := range s.topics {
+		if t == topic {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

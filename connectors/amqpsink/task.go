@@ -1,0 +1,619 @@
+package amqpsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// Task publishes records with pipelined publisher confirms. Put returns as
+// soon as the records are published (waiting only when max.in.flight are
+// unconfirmed); Flush waits for the confirms and reports, per partition, the
+// offset below which every record is confirmed (or was reported as errant and
+// tolerated).
+//
+// Put, Flush, Open and Close run on the runtime's task goroutine; the only
+// other goroutine is each session's pump, which records confirms and returns.
+type Task struct {
+	s    *settings
+	host *connect.Host
+	log  *slog.Logger
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+
+	// Owned by the task goroutine (Put/Flush/Stopped).
+	known    map[string]bool // topics whose queue and binding are declared
+	topo     *topology
+	fatal    error
+	backlog  []*entry // unconfirmed entries waiting for a session to publish on
+	lastWarn time.Time
+
+	mu      sync.Mutex // guards what the pump touches: below, and session.pending
+	sess    *session
+	parts   map[connect.TopicPartition]*partState
+	failed  []*entry
+	changed chan struct{} // closed and replaced on every change
+	deleted bool
+}
+
+type entryState uint8
+
+const (
+	statePending entryState = iota
+	stateConfirmed
+	stateFailed  // nacked or returned; waiting to be reported
+	stateSkipped // reported and tolerated
+)
+
+type entry struct {
+	rec   connect.SinkRecord
+	msgID string
+	state entryState
+	err   error
+}
+
+type partState struct {
+	entries []*entry // in offset order; resolved ones are trimmed from the front
+	next    int64    // offset after the last record Put
+}
+
+// session is one connection, its confirm-mode channel and the pump reading
+// its confirms and returns.
+type session struct {
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	pending  map[uint64]*entry // by delivery tag; guarded by Task.mu
+	returned map[string]string // message-id -> reply text; pump only
+	done     chan struct{}     // closed when the pump ends: the channel is gone
+	closeErr error             // why the channel closed; set before done is closed
+}
+
+var errStopping = errors.New("amqpsink task is stopping")
+
+func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
+	t.init()
+	h := connect.HostFrom(ctx)
+	t.host, t.log = h, h.Logger
+	s, err := parse(cfg, h.Connector)
+	if err != nil {
+		return err
+	}
+	t.s = s
+	if err := t.connect(ctx); err != nil {
+		return err
+	}
+	for _, topic := range s.topics {
+		if err := t.ensureTopic(ctx, topic); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *Task) init() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopCh == nil {
+		t.stopCh = make(chan struct{})
+	}
+	if t.changed == nil {
+		t.changed = make(chan struct{})
+	}
+	if t.parts == nil {
+		t.parts = map[connect.TopicPartition]*partState{}
+	}
+	t.known = map[string]bool{}
+}
+
+// connect opens a session and declares the exchange and every topic seen so
+// far, then republishes the backlog.
+func (t *Task) connect(ctx context.Context) error {
+	conn, err := dial(ctx, t.s, ConnectionName(t.s.connector, t.host.Task))
+	if err != nil {
+		return err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("opening a confirm-mode channel on RabbitMQ at %s: %w", connect.MaskCredentials(t.s.url), err)
+	}
+	sess := &session{conn: conn, ch: ch, pending: map[uint64]*entry{}, returned: map[string]string{}, done: make(chan struct{})}
+	// Big enough that amqp091's reader never waits on us (it drops a
+	// notification that blocks for 5s).
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, t.s.maxInFlight+64))
+	returns := ch.NotifyReturn(make(chan amqp.Return, t.s.maxInFlight+64))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go t.pump(sess, confirms, returns, closes)
+
+	t.mu.Lock()
+	t.sess = sess
+	t.mu.Unlock()
+	t.topo = &topology{s: t.s, conn: conn, ledger: t.host.Ledger, log: t.log}
+	if err := t.topo.ensureExchange(ctx); err != nil {
+		return err
+	}
+	for _, topic := range slices.Sorted(maps.Keys(t.known)) {
+		if err := t.topo.ensureTopic(ctx, topic); err != nil {
+			return err
+		}
+	}
+	backlog := t.backlog
+	t.backlog = nil
+	for i, e := range backlog {
+		if err := t.publish(ctx, sess, e); err != nil {
+			t.backlog = append(t.backlog, backlog[i+1:]...)
+			return err
+		}
+	}
+	if len(backlog) > 0 {
+		t.log.Info("republished unconfirmed messages after reconnecting", "count", len(backlog))
+	}
+	return nil
+}
+
+// pump records the broker's confirms and returns for one session. A return
+// is always sent before the confirm of the same message, so draining the
+// returns before handling a confirm sees it.
+func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+	defer func() {
+		t.mu.Lock()
+		close(sess.done)
+		t.signalLocked()
+		t.mu.Unlock()
+	}()
+	drain := func() {
+		for {
+			select {
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil
+					return
+				}
+				sess.returned[r.MessageId] = fmt.Sprintf("%d %s (exchange %q, routing key %q)", r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+			default:
+				return
+			}
+		}
+	}
+	for {
+		select {
+		case c, ok := <-confirms:
+			if !ok {
+				select {
+				case e := <-closes:
+					if e != nil {
+						sess.closeErr = e
+					}
+				case <-time.After(time.Second): // closed by us: no error follows
+				}
+				return
+			}
+			drain()
+			t.resolve(sess, c)
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			sess.returned[r.MessageId] = fmt.Sprintf("%d %s (exchange %q, routing key %q)", r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+		}
+	}
+}
+
+func (t *Task) resolve(sess *session, c amqp.Confirmation) {
+	var reason string
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := sess.pending[c.DeliveryTag]
+	if e == nil {
+		return
+	}
+	delete(sess.pending, c.DeliveryTag)
+	if r, ok := sess.returned[e.msgID]; ok {
+		delete(sess.returned, e.msgID)
+		reason = "unroutable: the broker returned it: " + r
+	} else if !c.Ack {
+		reason = "the broker nacked it (it could not store the message)"
+	}
+	if reason == "" {
+		e.state = stateConfirmed
+	} else {
+		e.state, e.err = stateFailed, fmt.Errorf("message %s %s", e.msgID, reason)
+		t.failed = append(t.failed, e)
+	}
+	t.signalLocked()
+}
+
+func (t *Task) signalLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+func (t *Task) ensureTopic(ctx context.Context, topic string) error {
+	if t.known[topic] {
+		return nil
+	}
+	if err := t.topo.ensureTopic(ctx, topic); err != nil {
+		return err
+	}
+	t.known[topic] = true
+	return nil
+}
+
+func (t *Task) message(r connect.SinkRecord, msgID string) amqp.Publishing {
+	h := make(amqp.Table, len(r.Headers)+4)
+	for _, hd := range r.Headers {
+		h[hd.Key] = hd.Value
+	}
+	h[HeaderTopic] = r.Topic
+	h[HeaderPartition] = r.Partition
+	h[HeaderOffset] = r.Offset
+	if r.Key != nil {
+		h[HeaderKey] = r.Key
+	}
+	ts := r.Timestamp
+	if ts.IsZero() {
+		ts = time.Now()
+	}
+	return amqp.Publishing{
+		ContentType:  t.s.contentType,
+		DeliveryMode: amqp.Persistent,
+		MessageId:    msgID,
+		Timestamp:    ts,
+		Headers:      h,
+		Body:         r.Value,
+	}
+}
+
+// publish sends e on sess. On failure the entry goes to the backlog and the
+// session is treated as lost.
+func (t *Task) publish(ctx context.Context, sess *session, e *entry) error {
+	r := e.rec
+	t.mu.Lock()
+	tag := sess.ch.GetNextPublishSeqNo()
+	sess.pending[tag] = e
+	t.mu.Unlock()
+	err := sess.ch.Publish(t.s.exchange, t.s.routingKey(r.Topic, r.Partition, r.Key), true, false, t.message(r, e.msgID))
+	if err != nil {
+		t.mu.Lock()
+		if sess.pending[tag] == e {
+			delete(sess.pending, tag)
+			t.backlog = append(t.backlog, e)
+		}
+		t.mu.Unlock()
+		return fmt.Errorf("publishing to exchange %q: %w", t.s.exchange, err)
+	}
+	return nil
+}
+
+func (t *Task) stopping() bool {
+	select {
+	case <-t.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// reconnect replaces a lost session: close it, then dial, declare and
+// republish with capped exponential backoff until it works, the reconnect
+// timeout passes (an error: the task fails) or the task stops.
+func (t *Task) reconnect(ctx context.Context) error {
+	t.closeSession()
+	deadline := time.Now().Add(t.s.reconnect)
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := t.connect(ctx)
+		if err == nil {
+			t.log.Info("reconnected to RabbitMQ", "attempt", attempt)
+			return nil
+		}
+		t.closeSession()
+		if ctx.Err() != nil || t.stopping() {
+			return errStopping
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("RabbitMQ has been unreachable for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
+		}
+		t.log.Warn("reconnecting to RabbitMQ failed; retrying", "attempt", attempt, "backoff", backoff, "err", err)
+		timer := time.NewTimer(backoff)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return errStopping
+		case <-t.stopCh:
+			timer.Stop()
+			return errStopping
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// closeSession closes the connection, waits for the pump and moves the
+// unconfirmed messages to the backlog, oldest first.
+func (t *Task) closeSession() {
+	t.mu.Lock()
+	sess := t.sess
+	t.sess = nil
+	t.mu.Unlock()
+	if sess == nil {
+		return
+	}
+	_ = sess.conn.Close()
+	<-sess.done
+	t.mu.Lock()
+	tags := slices.Sorted(maps.Keys(sess.pending))
+	requeue := make([]*entry, 0, len(tags)+len(t.backlog))
+	for _, tag := range tags {
+		requeue = append(requeue, sess.pending[tag])
+	}
+	clear(sess.pending)
+	// Entries that failed to publish are newer than every pending one.
+	t.backlog = append(requeue, t.backlog...)
+	t.mu.Unlock()
+}
+
+// live returns the current session if its channel is still open.
+func (t *Task) live() *session {
+	t.mu.Lock()
+	sess := t.sess
+	t.mu.Unlock()
+	if sess == nil {
+		return nil
+	}
+	select {
+	case <-sess.done:
+		return nil
+	default:
+		return sess
+	}
+}
+
+// ensureLive reconnects when the session is gone.
+func (t *Task) ensureLive(ctx context.Context) (*session, error) {
+	if sess := t.live(); sess != nil && len(t.backlog) == 0 {
+		return sess, nil
+	}
+	t.mu.Lock()
+	var why error = errors.New("no connection")
+	if t.sess != nil && t.sess.closeErr != nil {
+		why = t.sess.closeErr
+	}
+	t.mu.Unlock()
+	t.log.Warn("lost the RabbitMQ channel; reconnecting and republishing unconfirmed messages", "err", why)
+	if err := t.reconnect(ctx); err != nil {
+		return nil, err
+	}
+	return t.live(), nil
+}
+
+// reportFailed hands nacked and returned records to Host.Errors. A tolerated
+// record counts as done; otherwise the task fails.
+func (t *Task) reportFailed(ctx context.Context) error {
+	t.mu.Lock()
+	failed := t.failed
+	t.failed = nil
+	t.mu.Unlock()
+	for i, e := range failed {
+		var err error
+		if t.host.Errors == nil {
+			err = fmt.Errorf("record %s could not be delivered and there is no error reporter: %w", e.msgID, e.err)
+		} else {
+			err = t.host.Errors.Report(ctx, e.rec, e.err)
+		}
+		if err != nil {
+			t.mu.Lock()
+			t.failed = append(failed[i:], t.failed...)
+			t.mu.Unlock()
+			t.fatal = fmt.Errorf("delivering to RabbitMQ failed (set %s=all to send such records to the dead-letter topic instead): %w", KeyErrorsTolerance, err)
+			return t.fatal
+		}
+		t.mu.Lock()
+		e.state = stateSkipped
+		t.signalLocked()
+		t.mu.Unlock()
+		t.log.Warn("undeliverable record reported to the error handler", "message_id", e.msgID, "err", e.err)
+	}
+	return nil
+}
+
+func (t *Task) inflight() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.backlog)
+	if t.sess != nil {
+		n += len(t.sess.pending)
+	}
+	return n
+}
+
+// wait blocks until something changes, the session ends, ctx ends or the
+// task stops.
+func (t *Task) wait(ctx context.Context, sess *session) error {
+	t.mu.Lock()
+	changed := t.changed
+	t.mu.Unlock()
+	var done chan struct{}
+	if sess != nil {
+		done = sess.done
+	}
+	select {
+	case <-changed:
+		return nil
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.stopCh:
+		return errStopping
+	}
+}
+
+func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
+	if t.fatal != nil {
+		return t.fatal
+	}
+	for _, r := range records {
+		if err := t.reportFailed(ctx); err != nil {
+			return err
+		}
+		sess, err := t.waitWindow(ctx)
+		if err != nil {
+			return t.interrupted(ctx, err)
+		}
+		if !t.known[r.Topic] {
+			if err := t.ensureTopic(ctx, r.Topic); err != nil {
+				return fmt.Errorf("provisioning the queue for topic %q: %w", r.Topic, err)
+			}
+		}
+		e := &entry{rec: r, msgID: r.Topic + "-" + strconv.Itoa(int(r.Partition)) + "-" + strconv.FormatInt(r.Offset, 10)}
+		tp := r.TopicPartition()
+		t.mu.Lock()
+		p := t.parts[tp]
+		if p == nil {
+			p = &partState{}
+			t.parts[tp] = p
+		}
+		p.entries = append(p.entries, e)
+		p.next = r.Offset + 1
+		t.mu.Unlock()
+		if err := t.publish(ctx, sess, e); err != nil {
+			t.log.Debug("publish failed; will reconnect", "err", err)
+		}
+	}
+	return t.reportFailed(ctx)
+}
+
+// interrupted maps a stop or cancellation to a quiet return: nothing
+// unconfirmed is ever flushed, so the records are simply delivered again.
+func (t *Task) interrupted(ctx context.Context, err error) error {
+	if errors.Is(err, errStopping) || ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// waitWindow waits until fewer than max.in.flight messages are unconfirmed
+// and returns a live session.
+func (t *Task) waitWindow(ctx context.Context) (*session, error) {
+	for {
+		if t.stopping() {
+			return nil, errStopping
+		}
+		sess, err := t.ensureLive(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if t.inflight() < t.s.maxInFlight {
+			return sess, nil
+		}
+		if err := t.reportFailed(ctx); err != nil {
+			return nil, err
+		}
+		if err := t.wait(ctx, sess); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, error) {
+	if t.fatal != nil {
+		return t.offsets(), t.fatal
+	}
+	for t.inflight() > 0 || t.pendingFailures() {
+		if err := t.reportFailed(ctx); err != nil {
+			return t.offsets(), err
+		}
+		if t.inflight() == 0 {
+			break
+		}
+		sess, err := t.ensureLive(ctx)
+		if err != nil {
+			if errors.Is(err, errStopping) || ctx.Err() != nil {
+				break // report what is confirmed so far
+			}
+			return t.offsets(), err
+		}
+		if err := t.wait(ctx, sess); err != nil {
+			break
+		}
+	}
+	return t.offsets(), nil
+}
+
+func (t *Task) pendingFailures() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.failed) > 0
+}
+
+// offsets returns, per partition, the offset below which every record is
+// confirmed or tolerated.
+func (t *Task) offsets() map[connect.TopicPartition]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[connect.TopicPartition]int64, len(t.parts))
+	for tp, p := range t.parts {
+		i := 0
+		for i < len(p.entries) && (p.entries[i].state == stateConfirmed || p.entries[i].state == stateSkipped) {
+			i++
+		}
+		if i > 0 {
+			// Drop the resolved prefix without keeping the old array alive.
+			p.entries = slices.Clone(p.entries[i:])
+		}
+		if len(p.entries) > 0 {
+			out[tp] = p.entries[0].rec.Offset
+		} else {
+			out[tp] = p.next
+		}
+	}
+	return out
+}
+
+// Open implements connect.PartitionAware.
+func (t *Task) Open(context.Context, []connect.TopicPartition) error { return nil }
+
+// Close forgets revoked partitions after their final flush; unconfirmed
+// messages of theirs are still republished but no longer reported.
+func (t *Task) Close(_ context.Context, partitions []connect.TopicPartition) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, tp := range partitions {
+		delete(t.parts, tp)
+	}
+	return nil
+}
+
+func (t *Task) Stop(connectorDeleted bool) {
+	t.mu.Lock()
+	t.deleted = t.deleted || connectorDeleted
+	if t.stopCh == nil {
+		t.stopCh = make(chan struct{})
+	}
+	ch := t.stopCh
+	t.mu.Unlock()
+	t.stopOnce.Do(func() { close(ch) })
+}
+
+// Stopped closes the channel and the connection. A task drops nothing: the
+// connector's Stopped deletes the owned resources after every task stopped.
+func (t *Task) Stopped(context.Context) error {
+	t.closeSession()
+	return nil
+}
