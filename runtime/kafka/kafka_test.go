@@ -1,0 +1,179 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestEmbeddedPersistsRecordsAndGroupOffsets(t *testing.T) {
+	ctx := testCtx(t)
+	dir := t.TempDir()
+	topic := testenv.Unique("persist-")
+	group := testenv.Unique("group-")
+
+	e, err := StartEmbedded(ctx, dir, "127.0.0.1:0", WithEmbeddedLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstID := e.ClusterID()
+	if firstID == "" {
+		t.Fatal("embedded broker has no cluster id")
+	}
+	cl, err := NewClient(e.Addrs(), nil, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := NewTopicCreator(cl, 2, 1).Ensure(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		r := &kgo.Record{Topic: topic, Partition: 0, Value: []byte(fmt.Sprint(i))}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adm := kadm.NewClient(cl)
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 7, LeaderEpoch: -1})
+	if err := adm.CommitAllOffsets(ctx, group, offs); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	e.Close()
+	e.Close() // idempotent
+
+	e2, err := StartEmbedded(ctx, dir, ":0", WithEmbeddedLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e2.Close()
+	if e2.ClusterID() != firstID {
+		t.Errorf("cluster id changed across restart: %q then %q", firstID, e2.ClusterID())
+	}
+	cl2, err := NewClient(e2.Addrs(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl2.Close()
+	adm2 := kadm.NewClient(cl2)
+	fetched, err := adm2.FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := fetched.Lookup(topic, 0); !ok || o.At != 7 {
+		t.Errorf("committed offset after restart: %+v (found %v), want 7", o, ok)
+	}
+	ends, err := adm2.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := ends.Lookup(topic, 0); !ok || o.Offset != 10 {
+		t.Errorf("end offset after restart: %+v, want 10", o)
+	}
+	if o, ok := ends.Lookup(topic, 1); !ok || o.Offset != 0 {
+		t.Errorf("partition 1 after restart: %+v (found %v), want an empty partition (2 partitions kept)", o, ok)
+	}
+	consumer, err := NewClient(e2.Addrs(), nil, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	var got []string
+	for len(got) < 10 {
+		fs := consumer.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("records after restart: got %v: %v", got, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	if strings.Join(got, ",") != "0,1,2,3,4,5,6,7,8,9" {
+		t.Errorf("records after restart: %v", got)
+	}
+}
+
+func TestEmbeddedListenAddr(t *testing.T) {
+	tests := []struct {
+		addr    string
+		wantErr string
+	}{
+		{"", ""},
+		{"127.0.0.1:0", ""},
+		{"localhost:0", ""},
+		{"0.0.0.0:9092", "127.0.0.1 only"},
+		{"127.0.0.1:http", "not a number"},
+		{"nonsense", "host:port"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.addr, func(t *testing.T) {
+			_, err := embeddedPort(tc.addr)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+	if _, err := StartEmbedded(testCtx(t), "", ":0"); err == nil {
+		t.Error("StartEmbedded without a data dir succeeded")
+	}
+}
+
+func TestTopicCreatorIdempotentAndClusterID(t *testing.T) {
+	ctx := testCtx(t)
+	cl, err := NewClient(testenv.KafkaBrokers(t), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topic := testenv.Unique("created-")
+	adm := kadm.NewClient(cl)
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
+
+	tc := NewTopicCreator(cl, 3, 1)
+	for range 2 {
+		if err := tc.Ensure(ctx, topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second creator does not know the topic: it gets TOPIC_ALREADY_EXISTS.
+	if err := NewTopicCreator(cl, 3, 1).Ensure(ctx, topic); err != nil {
+		t.Fatalf("creating an existing topic: %v", err)
+	}
+	td, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(td[topic].Partitions); n != 3 {
+		t.Errorf("topic has %d partitions, want 3", n)
+	}
+	bad := testenv.Unique("unreplicable-")
+	if err := NewTopicCreator(cl, 1, 3).Ensure(ctx, bad); err == nil || !strings.Contains(err.Error(), "replication factor 3") {
+		t.Errorf("creating a topic with more replicas than brokers: %v, want an error naming the replication factor", err)
+	}
+	id, err := ClusterID(ctx, cl)
+	if err != nil || id == "" {
+		t.Errorf("ClusterID = %q, %v", id, err)
+	}
+}
+
+func TestNewClientNeedsSeeds(t *testing.T) {
+	if _, err := NewClient(nil, nil); err == nil {
+		t.Error("NewClient without seeds succeeded")
+	}
+}
