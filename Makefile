@@ -29,5 +29,10 @@ run: build
 up:
 	docker compose up
 
+# The walkthrough (docs/walkthrough.md) against the running stack: `make up`
+# in another terminal first, or set DEMO_* (see scripts/demo.sh).
+demo:
+	./scripts/demo.sh
+
 clean:
 	rm -rf bin data
