@@ -1,0 +1,204 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// DeleteConnector deletes durably: the intent is recorded before anything
+// stops; tasks get Stop(true) and finish; then the connector gets Stop(true)
+// (a fresh cleanup-only instance if none is running) and its Stopped drops
+// what the ledger lists. Only when that succeeded is the connector
+// forgotten. A failure leaves it visible (FAILED, with Deletion set), returns
+// a *DeletionError and is retried in the background and by another DELETE.
+func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	return h.deleteLocked(ctx, c)
+}
+
+func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
+	log := h.logger(c)
+	now := time.Now().UTC()
+	in := store.DeletionIntent{Connector: c.name, Config: c.rec.Config.Clone(), StartedAt: now}
+	if d := h.deletionOf(c); d != nil {
+		in = *d
+	}
+	in.Attempts++
+	in.Phase = store.PhaseStoppingTasks
+	in.UpdatedAt = now
+	// The intent is durable before anything stops (contract rule 6).
+	if err := h.store.PutIntent(ctx, in); err != nil {
+		return fmt.Errorf("herder: recording the deletion of connector %s (nothing was stopped; retry DELETE): %w", c.name, err)
+	}
+	h.setDeletion(c, &in)
+	log.Info("deleting connector", "attempt", in.Attempts)
+	h.runHook(hookIntentWritten, c.name)
+
+	// Tasks first, each Stop(true) then Stopped, all before the connector's
+	// Stop(true) (contract rule 5).
+	taskErrs := h.stopTasksLocked(ctx, c, nil, true)
+	h.runHook(hookTasksStopped, c.name)
+	in.Phase = store.PhaseStoppingConnector
+	h.putPhase(ctx, c, &in)
+
+	var connErr error
+	if c.running {
+		connErr = h.stopConnectorLocked(ctx, c, true)
+	} else {
+		connErr = h.cleanupOnlyLocked(ctx, c, in.Config)
+	}
+	remaining, lerr := h.store.Ledger(c.name).List(ctx)
+	if connErr == nil && lerr != nil {
+		connErr = fmt.Errorf("reading the ledger: %w", lerr)
+	}
+	if connErr == nil && len(remaining) > 0 {
+		connErr = fmt.Errorf("the connector's cleanup returned without dropping %d owned resource(s)", len(remaining))
+	}
+	if connErr != nil {
+		for id, err := range taskErrs {
+			if err != nil {
+				connErr = errors.Join(connErr, fmt.Errorf("task %d: %w", id.Task, err))
+			}
+		}
+		in.Phase = store.PhaseCleanupFailed
+		in.LastError = connErr.Error()
+		in.UpdatedAt = time.Now().UTC()
+		h.putPhase(ctx, c, &in)
+		log.Error("connector deletion failed; it stays visible and is retried", "attempt", in.Attempts, "remaining", len(remaining), "error", connErr)
+		h.scheduleRetry(c, in.Attempts)
+		return &DeletionError{Connector: c.name, Remaining: remaining, Err: connErr}
+	}
+
+	in.Phase = store.PhaseForgetting
+	h.putPhase(ctx, c, &in)
+	if err := h.forget(ctx, c); err != nil {
+		in.Phase = store.PhaseCleanupFailed
+		in.LastError = err.Error()
+		h.putPhase(ctx, c, &in)
+		h.scheduleRetry(c, in.Attempts)
+		return &DeletionError{Connector: c.name, Err: err}
+	}
+	log.Info("connector deleted", "attempts", in.Attempts)
+	return nil
+}
+
+// cleanupOnlyLocked completes a deletion when no connector instance runs
+// (STOPPED, FAILED, or after a crash): a fresh instance with CleanupOnly
+// gets Start, Stop(true) and Stopped, which drops what the ledger lists.
+func (h *Standalone) cleanupOnlyLocked(ctx context.Context, c *conn, cfg connect.Config) error {
+	if c.inWorker {
+		// A FAILED instance whose Stopped already ran: forget it.
+		_ = h.stopConnectorLocked(ctx, c, true)
+	}
+	if !c.hasPlugin {
+		return fmt.Errorf("cannot clean up: %s; install the plugin and retry DELETE", c.failure)
+	}
+	if len(cfg) == 0 {
+		cfg = c.rec.Config
+	}
+	err := h.w.StartConnector(ctx, worker.ConnectorRun{Name: c.name, Config: cfg.Clone(), Ledger: h.store.Ledger(c.name), Target: worker.TargetRunning, CleanupOnly: true})
+	c.inWorker = true
+	if err != nil {
+		_ = h.stopConnectorLocked(ctx, c, true)
+		return fmt.Errorf("starting a cleanup-only instance: %w", err)
+	}
+	c.running = true
+	return h.stopConnectorLocked(ctx, c, true)
+}
+
+// forget removes everything the herder keeps about a deleted connector, the
+// intent last.
+func (h *Standalone) forget(ctx context.Context, c *conn) error {
+	name := c.name
+	if err := h.store.DeleteOffsets(ctx, name); err != nil {
+		return err
+	}
+	if h.adm != nil {
+		// Best effort: a leftover group only holds offsets.
+		if _, err := h.adm.DeleteGroup(ctx, SinkGroup(name)); err != nil && !isGroupGone(err) {
+			h.logger(c).Warn("could not delete the sink consumer group; delete it by hand if it matters", "group", SinkGroup(name), "error", err)
+		}
+	}
+	for _, step := range []func(context.Context, string) error{h.store.DeleteLedger, h.store.ResetTopics, h.store.DeleteConnector, h.store.DeleteIntent} {
+		if err := step(ctx, name); err != nil {
+			return err
+		}
+	}
+	h.mu.Lock()
+	if h.conns[name] == c {
+		delete(h.conns, name)
+	}
+	h.mu.Unlock()
+	h.forgetStatuses(name, -1)
+	return nil
+}
+
+func (h *Standalone) putPhase(ctx context.Context, c *conn, in *store.DeletionIntent) {
+	in.UpdatedAt = time.Now().UTC()
+	if err := h.store.PutIntent(ctx, *in); err != nil {
+		// The intent itself is durable already; only the phase is stale.
+		h.logger(c).Warn("could not persist the deletion phase", "phase", in.Phase, "error", err)
+	}
+	h.setDeletion(c, in)
+}
+
+func (h *Standalone) runHook(point, connector string) {
+	if h.hook != nil {
+		h.hook(point, connector)
+	}
+}
+
+// scheduleRetry retries a failed deletion in the background with
+// exponential backoff. The goroutine is owned by the herder: Close cancels
+// and waits for it.
+func (h *Standalone) scheduleRetry(c *conn, attempts int) {
+	h.mu.Lock()
+	if c.retryScheduled || h.closed {
+		h.mu.Unlock()
+		return
+	}
+	c.retryScheduled = true
+	h.bgWG.Add(1) // under h.mu, so never after Close began waiting
+	h.mu.Unlock()
+	delay := h.retryMin
+	for i := 1; i < attempts && delay < h.retryMax; i++ {
+		delay *= 2
+	}
+	delay = min(delay, h.retryMax)
+	go func() {
+		defer h.bgWG.Done()
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-h.bgCtx.Done():
+			return
+		case <-t.C:
+		}
+		h.mu.Lock()
+		c.retryScheduled = false
+		current := h.conns[c.name] == c
+		h.mu.Unlock()
+		if !current {
+			return
+		}
+		if err := c.lock(h.bgCtx); err != nil {
+			return
+		}
+		defer c.unlock()
+		if h.get(c.name) != c || h.deletionOf(c) == nil {
+			return // deleted or retried by a DELETE meanwhile
+		}
+		h.logger(c).Info("retrying a failed deletion")
+		_ = h.deleteLocked(h.bgCtx, c)
+	}()
+}

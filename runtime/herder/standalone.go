@@ -1,0 +1,1290 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/version"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// Worker is what the standalone herder drives; *worker.Worker implements it.
+type Worker interface {
+	StartConnector(ctx context.Context, run worker.ConnectorRun) error
+	TaskConfigs(ctx context.Context, connector string) ([]map[string]string, error)
+	StartTask(ctx context.Context, run worker.TaskRun) error
+	SetTargetState(connector string, target worker.TargetState)
+	StopTasks(ctx context.Context, ids []worker.TaskID, connectorDeleted bool) map[worker.TaskID]error
+	StopConnector(ctx context.Context, name string, connectorDeleted bool) error
+	ConnectorStatus(name string) (worker.Status, bool)
+	TaskStatus(id worker.TaskID) (worker.Status, bool)
+	Topics(connector string) []string
+	Close(ctx context.Context) error
+}
+
+var _ Worker = (*worker.Worker)(nil)
+
+// NewWorkerFunc creates the worker the herder drives; the herder passes the
+// status listener the worker must report to.
+type NewWorkerFunc func(listener worker.StatusListener) (Worker, error)
+
+// Option configures a Standalone herder.
+type Option func(*Standalone)
+
+// WithStore sets the durable store. Required.
+func WithStore(s store.Store) Option { return func(h *Standalone) { h.store = s } }
+
+// WithPlugins sets the plugin registry (the same one the worker uses). Required.
+func WithPlugins(r *plugins.Registry) Option { return func(h *Standalone) { h.plugins = r } }
+
+// WithWorker sets how the worker is created. Required.
+func WithWorker(f NewWorkerFunc) Option { return func(h *Standalone) { h.newWorker = f } }
+
+// WithKafkaAdmin sets the admin client used for sink offsets (the consumer
+// group connect-<name>). Without it sink offsets cannot be read or changed.
+func WithKafkaAdmin(adm *kadm.Client) Option { return func(h *Standalone) { h.adm = adm } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(h *Standalone) { h.log = l } }
+
+// WithKafkaClusterID sets the cluster id GET / reports.
+func WithKafkaClusterID(id string) Option { return func(h *Standalone) { h.clusterID = id } }
+
+// WithDeletionRetry sets the background retry backoff of failed deletions:
+// first after min, doubling up to max.
+func WithDeletionRetry(min, max time.Duration) Option {
+	return func(h *Standalone) { h.retryMin, h.retryMax = min, max }
+}
+
+// Hook points for tests that inject crashes.
+const (
+	hookIntentWritten = "intent-written"
+	hookTasksStopped  = "tasks-stopped"
+)
+
+// withHook is test-only: fn runs at named points of a deletion.
+func withHook(fn func(point, connector string)) Option {
+	return func(h *Standalone) { h.hook = fn }
+}
+
+// SinkGroup is the consumer group of a sink connector, as Kafka Connect
+// names it.
+func SinkGroup(connector string) string { return "connect-" + connector }
+
+// Standalone is the single-process herder: it keeps every connector on its
+// one worker and persists through a store.Store. It is the only place that
+// decides connectorDeleted: true, and only in DeleteConnector (and when it
+// completes a deletion recorded before a crash).
+type Standalone struct {
+	store     store.Store
+	plugins   *plugins.Registry
+	newWorker NewWorkerFunc
+	w         Worker
+	adm       *kadm.Client
+	log       *slog.Logger
+	clusterID string
+	retryMin  time.Duration
+	retryMax  time.Duration
+	hook      func(point, connector string)
+
+	mu     sync.Mutex
+	conns  map[string]*conn
+	closed bool
+
+	statusMu sync.Mutex
+	statuses map[worker.TaskID]worker.Status // Task -1 for the connector
+
+	// bg owns the background deletion retries.
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
+}
+
+// conn is the herder's view of one connector.
+type conn struct {
+	name string
+	// op serialises lifecycle operations; acquire with lock (ctx-bounded).
+	op chan struct{}
+
+	// Guarded by op:
+	rec       store.ConnectorRecord
+	plugin    connect.Plugin
+	spec      connect.Spec
+	hasPlugin bool
+	inWorker  bool            // the worker knows a connector instance (even a FAILED one)
+	running   bool            // that instance's Start succeeded
+	tasks     []worker.TaskID // task instances the worker knows
+	failure   string          // why the connector is FAILED outside the worker (no plugin, TaskConfigs error)
+
+	// Guarded by Standalone.mu (read by status calls without op):
+	deletion       *store.DeletionIntent
+	retryScheduled bool
+}
+
+func (c *conn) lock(ctx context.Context) error {
+	select {
+	case c.op <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("connector %s is busy with another operation: %w", c.name, ctx.Err())
+	}
+}
+
+func (c *conn) unlock() { <-c.op }
+
+// NewStandalone creates the herder, then completes every deletion recorded
+// before the last shutdown (or crash), then starts the stored connectors in
+// their target states. Close stops them (never as a deletion).
+func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
+	h := &Standalone{
+		log:      slog.Default(),
+		retryMin: time.Second,
+		retryMax: 5 * time.Minute,
+		conns:    map[string]*conn{},
+		statuses: map[worker.TaskID]worker.Status{},
+	}
+	for _, o := range opts {
+		o(h)
+	}
+	var missing []string
+	if h.store == nil {
+		missing = append(missing, "WithStore")
+	}
+	if h.plugins == nil {
+		missing = append(missing, "WithPlugins")
+	}
+	if h.newWorker == nil {
+		missing = append(missing, "WithWorker")
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("herder: missing required options: %s", strings.Join(missing, ", "))
+	}
+	w, err := h.newWorker(h.onStatus)
+	if err != nil {
+		return nil, fmt.Errorf("herder: creating the worker: %w", err)
+	}
+	h.w = w
+	h.bgCtx, h.bgCancel = context.WithCancel(context.Background())
+	if err := h.recover(ctx); err != nil {
+		h.bgCancel()
+		_ = w.Close(context.Background())
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *Standalone) newConn(rec store.ConnectorRecord) *conn {
+	c := &conn{name: rec.Name, op: make(chan struct{}, 1), rec: rec}
+	c.plugin, c.hasPlugin = h.plugins.Lookup(rec.Config[KeyConnectorClass])
+	if c.hasPlugin {
+		c.spec = c.plugin.NewConnector().Spec()
+	} else {
+		c.spec = connect.Spec{Type: connect.TypeUnknown}
+		c.failure = h.unknownClassMsg(rec.Config[KeyConnectorClass])
+	}
+	return c
+}
+
+// recover loads the store: deletions first, then the rest.
+func (h *Standalone) recover(ctx context.Context) error {
+	recs, err := h.store.Connectors(ctx)
+	if err != nil {
+		return fmt.Errorf("herder: reading stored connectors: %w", err)
+	}
+	intents, err := h.store.Intents(ctx)
+	if err != nil {
+		return fmt.Errorf("herder: reading deletion intents: %w", err)
+	}
+	byName := map[string]store.ConnectorRecord{}
+	for _, r := range recs {
+		byName[r.Name] = r
+	}
+	h.mu.Lock()
+	for _, in := range intents {
+		rec, ok := byName[in.Connector]
+		if !ok {
+			rec = store.ConnectorRecord{Name: in.Connector, Config: in.Config, Target: worker.TargetStopped}
+		}
+		c := h.newConn(rec)
+		in := in
+		c.deletion = &in
+		h.conns[in.Connector] = c
+	}
+	for _, r := range recs {
+		if _, ok := h.conns[r.Name]; !ok {
+			h.conns[r.Name] = h.newConn(r)
+		}
+	}
+	h.mu.Unlock()
+
+	// Pending deletions are completed before anything else starts.
+	for _, in := range intents {
+		c := h.get(in.Connector)
+		h.log.Info("completing a deletion recorded before the last shutdown", "connector", in.Connector, "phase", in.Phase, "attempts", in.Attempts)
+		if err := c.lock(ctx); err != nil {
+			return err
+		}
+		err := h.deleteLocked(ctx, c)
+		c.unlock()
+		if err != nil {
+			h.log.Warn("pending deletion failed; the connector stays visible and is retried in the background", "connector", in.Connector, "error", err)
+		}
+	}
+	for _, r := range recs {
+		c := h.get(r.Name)
+		if c == nil || h.deletionOf(c) != nil {
+			continue
+		}
+		if err := c.lock(ctx); err != nil {
+			return err
+		}
+		if c.rec.Target != worker.TargetStopped {
+			h.startLocked(ctx, c)
+		}
+		c.unlock()
+	}
+	return nil
+}
+
+func (h *Standalone) get(name string) *conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.conns[name]
+}
+
+// lookup returns the connector locked for an operation, or ErrNotFound.
+func (h *Standalone) lookup(ctx context.Context, name string) (*conn, error) {
+	h.mu.Lock()
+	closed := h.closed
+	c := h.conns[name]
+	h.mu.Unlock()
+	if closed {
+		return nil, errors.New("herder: the worker is shutting down; retry against the restarted worker")
+	}
+	if c == nil {
+		return nil, ErrNotFound
+	}
+	if err := c.lock(ctx); err != nil {
+		return nil, err
+	}
+	// It may have been deleted while we waited.
+	if h.get(name) != c {
+		c.unlock()
+		return nil, ErrNotFound
+	}
+	return c, nil
+}
+
+// lookupLive is lookup for operations that make no sense while the
+// connector is being deleted.
+func (h *Standalone) lookupLive(ctx context.Context, name string) (*conn, error) {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if d := h.deletionOf(c); d != nil {
+		c.unlock()
+		return nil, &BadRequestError{Msg: fmt.Sprintf("connector %s is being deleted (phase %s, last error: %s); retry DELETE /connectors/%s to complete the deletion", c.name, d.Phase, orNone(d.LastError), c.name)}
+	}
+	return c, nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func (h *Standalone) deletionOf(c *conn) *store.DeletionIntent {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c.deletion == nil {
+		return nil
+	}
+	d := *c.deletion
+	return &d
+}
+
+func (h *Standalone) setDeletion(c *conn, d *store.DeletionIntent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d == nil {
+		c.deletion = nil
+		return
+	}
+	cp := *d
+	c.deletion = &cp
+}
+
+// setRec and setFailure write what statusOf reads without c.op; c.op is
+// held too, so c.op holders may read these fields without h.mu.
+func (h *Standalone) setRec(c *conn, rec store.ConnectorRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.rec = rec
+}
+
+func (h *Standalone) setFailure(c *conn, msg string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.failure = msg
+}
+
+func (h *Standalone) onStatus(connector string, task int, s worker.Status) {
+	h.statusMu.Lock()
+	defer h.statusMu.Unlock()
+	h.statuses[worker.TaskID{Connector: connector, Task: task}] = s
+}
+
+func (h *Standalone) forgetStatuses(connector string, fromTask int) {
+	h.statusMu.Lock()
+	defer h.statusMu.Unlock()
+	for id := range h.statuses {
+		if id.Connector == connector && id.Task >= fromTask {
+			delete(h.statuses, id)
+		}
+	}
+}
+
+func (h *Standalone) logger(c *conn) *slog.Logger { return h.log.With("connector", c.name) }
+
+// --- Starting and stopping instances (c.op held)
+
+// startLocked starts the connector instance in c.rec.Target, generates and
+// persists task configs, and starts the tasks. Failures leave the
+// connector FAILED (visible in its status), not an error: validation passed.
+func (h *Standalone) startLocked(ctx context.Context, c *conn) {
+	log := h.logger(c)
+	if !c.hasPlugin {
+		log.Error("cannot start connector", "error", c.failure)
+		return
+	}
+	h.setFailure(c, "")
+	h.forgetStatuses(c.name, -1)
+	err := h.w.StartConnector(ctx, worker.ConnectorRun{Name: c.name, Config: c.rec.Config.Clone(), Ledger: h.store.Ledger(c.name), Target: c.rec.Target})
+	c.inWorker = true
+	if err != nil {
+		c.running = false
+		log.Error("connector failed to start; fix the cause and restart it", "error", err)
+		h.onStatusIfMissing(c.name, -1, err)
+		return
+	}
+	c.running = true
+	if err := h.startTasksLocked(ctx, c, true); err != nil {
+		h.setFailure(c, err.Error())
+		log.Error("connector could not generate task configs; fix the cause and restart it", "error", err)
+	}
+}
+
+// onStatusIfMissing records FAILED for an instance the worker reported
+// nothing for, so a failure never shows as UNASSIGNED.
+func (h *Standalone) onStatusIfMissing(connector string, task int, err error) {
+	h.statusMu.Lock()
+	defer h.statusMu.Unlock()
+	id := worker.TaskID{Connector: connector, Task: task}
+	if s, ok := h.statuses[id]; ok && s.State == worker.StateFailed {
+		return
+	}
+	h.statuses[id] = worker.Status{State: worker.StateFailed, Trace: err.Error()}
+}
+
+// startTasksLocked asks the running connector for task configs (when
+// regenerate is set), persists them and starts every task.
+func (h *Standalone) startTasksLocked(ctx context.Context, c *conn, regenerate bool) error {
+	if regenerate {
+		cfgs, err := h.w.TaskConfigs(ctx, c.name)
+		if err != nil {
+			return fmt.Errorf("generating task configs: %w", err)
+		}
+		tasks := make([]connect.Config, len(cfgs))
+		for i, tc := range cfgs {
+			tasks[i] = connect.Config(tc).Clone()
+		}
+		if !reflect.DeepEqual(tasks, c.rec.Tasks) {
+			rec := c.rec
+			rec.Tasks = tasks
+			rec.UpdatedAt = time.Now().UTC()
+			if err := h.store.PutConnector(ctx, rec); err != nil {
+				return fmt.Errorf("persisting task configs: %w", err)
+			}
+			h.setRec(c, rec)
+		}
+		h.forgetStatuses(c.name, len(tasks))
+	}
+	for i := range c.rec.Tasks {
+		h.startTaskLocked(ctx, c, i)
+	}
+	return nil
+}
+
+func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
+	id := worker.TaskID{Connector: c.name, Task: i}
+	h.statusMu.Lock()
+	delete(h.statuses, id)
+	h.statusMu.Unlock()
+	err := h.w.StartTask(ctx, worker.TaskRun{
+		ID: id, ConnectorConfig: c.rec.Config.Clone(), TaskConfig: c.rec.Tasks[i].Clone(),
+		Ledger: h.store.Ledger(c.name), Target: c.rec.Target,
+	})
+	if !slices.Contains(c.tasks, id) {
+		c.tasks = append(c.tasks, id)
+	}
+	if err != nil {
+		h.logger(c).Error("task failed to start; fix the cause and restart it", "task", i, "error", err)
+		h.onStatusIfMissing(c.name, i, err)
+	}
+}
+
+// saveTopics keeps what the worker saw so GET topics survives restarts.
+func (h *Standalone) saveTopics(ctx context.Context, c *conn) {
+	if t := h.w.Topics(c.name); len(t) > 0 {
+		if err := h.store.AddTopics(ctx, c.name, t); err != nil {
+			h.logger(c).Warn("could not persist the connector's active topics", "error", err)
+		}
+	}
+}
+
+// stopTasksLocked stops the given tasks (all when ids is nil) and waits.
+func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.TaskID, deleted bool) map[worker.TaskID]error {
+	if ids == nil {
+		ids = slices.Clone(c.tasks)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	h.saveTopics(ctx, c)
+	errs := h.w.StopTasks(ctx, ids, deleted)
+	c.tasks = slices.DeleteFunc(c.tasks, func(id worker.TaskID) bool { return slices.Contains(ids, id) })
+	for id, err := range errs {
+		if err != nil {
+			h.logger(c).Warn("task stop reported an error", "task", id.Task, "connector_deleted", deleted, "error", err)
+		}
+	}
+	return errs
+}
+
+// stopConnectorLocked stops the connector instance, if the worker has one.
+func (h *Standalone) stopConnectorLocked(ctx context.Context, c *conn, deleted bool) error {
+	if !c.inWorker {
+		return nil
+	}
+	err := h.w.StopConnector(ctx, c.name, deleted)
+	c.inWorker, c.running = false, false
+	if err != nil {
+		h.logger(c).Warn("connector stop reported an error", "connector_deleted", deleted, "error", err)
+	}
+	return err
+}
+
+// stopAllLocked stops tasks, then the connector, never as a deletion.
+func (h *Standalone) stopAllLocked(ctx context.Context, c *conn) {
+	h.stopTasksLocked(ctx, c, nil, false)
+	_ = h.stopConnectorLocked(ctx, c, false)
+}
+
+// --- Validation
+
+func (h *Standalone) unknownClassMsg(class string) string {
+	var names []string
+	for _, p := range h.plugins.List() {
+		names = append(names, p.Class)
+	}
+	if class == "" {
+		return fmt.Sprintf("Missing required configuration %q; available connector classes: %s", KeyConnectorClass, strings.Join(names, ", "))
+	}
+	return fmt.Sprintf("Class %s could not be found; available connector classes: %s", class, strings.Join(names, ", "))
+}
+
+// validate checks cfg for connector name and returns the plugin, its spec
+// and every error per key.
+func (h *Standalone) validate(ctx context.Context, name string, cfg connect.Config) (connect.Plugin, connect.Spec, map[string][]string) {
+	errs := map[string][]string{}
+	if n, ok := cfg[KeyName]; ok && name != "" && n != name {
+		errs[KeyName] = append(errs[KeyName], fmt.Sprintf("Connector name in the config (%q) must match the name in the request (%q)", n, name))
+	}
+	class := strings.TrimSpace(cfg[KeyConnectorClass])
+	p, ok := h.plugins.Lookup(class)
+	if !ok {
+		errs[KeyConnectorClass] = append(errs[KeyConnectorClass], h.unknownClassMsg(class))
+		mergeErrs(errs, CommonConfigDef(connect.TypeUnknown).Validate(cfg))
+		return connect.Plugin{}, connect.Spec{Type: connect.TypeUnknown}, dedupeClass(errs)
+	}
+	inst := p.NewConnector()
+	spec := inst.Spec()
+	mergeErrs(errs, CommonConfigDef(spec.Type).Validate(cfg))
+	validateCommon(spec.Type, cfg, errs)
+	mergeErrs(errs, spec.Config.Validate(cfg))
+	// The connector's own checks may reach external systems: only worth it
+	// once the definition checks pass.
+	if v, ok := inst.(connect.Validator); ok && len(errs) == 0 {
+		mergeErrs(errs, v.Validate(ctx, spec.Config.WithDefaults(cfg)))
+	}
+	return p, spec, errs
+}
+
+// dedupeClass keeps only the "class not found" message for connector.class
+// (the generic "missing required" one says less).
+func dedupeClass(errs map[string][]string) map[string][]string {
+	if msgs := errs[KeyConnectorClass]; len(msgs) > 1 {
+		errs[KeyConnectorClass] = msgs[:1]
+	}
+	return errs
+}
+
+func checkTarget(t worker.TargetState) (worker.TargetState, error) {
+	switch t {
+	case "":
+		return worker.TargetRunning, nil
+	case worker.TargetRunning, worker.TargetPaused, worker.TargetStopped:
+		return t, nil
+	}
+	return "", &BadRequestError{Msg: fmt.Sprintf("initial_state %q is invalid; use RUNNING, PAUSED or STOPPED", t)}
+}
+
+// --- API: connectors
+
+func (h *Standalone) ClusterInfo(context.Context) (ClusterInfo, error) {
+	return ClusterInfo{Version: version.Version, Commit: version.Commit, KafkaClusterID: h.clusterID}, nil
+}
+
+func (h *Standalone) Connectors(context.Context) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	names := slices.Collect(maps.Keys(h.conns))
+	slices.Sort(names)
+	return names, nil
+}
+
+func (h *Standalone) mask(c *conn, cfg connect.Config) connect.Config {
+	return c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Mask(cfg)
+}
+
+func (h *Standalone) infoLocked(c *conn) ConnectorInfo {
+	info := ConnectorInfo{Name: c.name, Config: h.mask(c, c.rec.Config), Type: c.spec.Type, Tasks: []worker.TaskID{}}
+	for i := range c.rec.Tasks {
+		info.Tasks = append(info.Tasks, worker.TaskID{Connector: c.name, Task: i})
+	}
+	return info
+}
+
+func (h *Standalone) ConnectorInfo(ctx context.Context, name string) (ConnectorInfo, error) {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return ConnectorInfo{}, err
+	}
+	defer c.unlock()
+	return h.infoLocked(c), nil
+}
+
+func (h *Standalone) TaskConfigs(ctx context.Context, name string) ([]TaskInfo, error) {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer c.unlock()
+	out := []TaskInfo{}
+	for i, tc := range c.rec.Tasks {
+		out = append(out, TaskInfo{ID: worker.TaskID{Connector: name, Task: i}, Config: h.mask(c, tc)})
+	}
+	return out, nil
+}
+
+func (h *Standalone) CreateConnector(ctx context.Context, name string, cfg connect.Config, initial worker.TargetState) (ConnectorInfo, error) {
+	if msg := ValidateName(name); msg != "" {
+		return ConnectorInfo{}, &BadRequestError{Msg: msg}
+	}
+	target, err := checkTarget(initial)
+	if err != nil {
+		return ConnectorInfo{}, err
+	}
+	if h.get(name) != nil {
+		return ConnectorInfo{}, fmt.Errorf("connector %s %w", name, ErrAlreadyExists)
+	}
+	return h.create(ctx, name, cfg, target)
+}
+
+func (h *Standalone) create(ctx context.Context, name string, cfg connect.Config, target worker.TargetState) (ConnectorInfo, error) {
+	p, spec, errs := h.validate(ctx, name, cfg)
+	if len(errs) > 0 {
+		return ConnectorInfo{}, &ConfigError{Fields: errs}
+	}
+	cfg = cfg.Clone()
+	cfg[KeyName] = name
+	now := time.Now().UTC()
+	c := &conn{name: name, op: make(chan struct{}, 1), plugin: p, spec: spec, hasPlugin: true,
+		rec: store.ConnectorRecord{Name: name, Config: cfg, Target: target, CreatedAt: now, UpdatedAt: now}}
+	c.op <- struct{}{} // locked until started
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return ConnectorInfo{}, errors.New("herder: the worker is shutting down; retry against the restarted worker")
+	}
+	if _, exists := h.conns[name]; exists {
+		h.mu.Unlock()
+		return ConnectorInfo{}, fmt.Errorf("connector %s %w", name, ErrAlreadyExists)
+	}
+	h.conns[name] = c
+	h.mu.Unlock()
+	defer c.unlock()
+	if err := h.store.PutConnector(ctx, c.rec); err != nil {
+		h.mu.Lock()
+		delete(h.conns, name)
+		h.mu.Unlock()
+		return ConnectorInfo{}, fmt.Errorf("herder: persisting connector %s: %w", name, err)
+	}
+	h.logger(c).Info("connector created", "class", cfg[KeyConnectorClass], "target_state", target, "config", h.mask(c, cfg))
+	if target != worker.TargetStopped {
+		h.startLocked(ctx, c)
+	}
+	return h.infoLocked(c), nil
+}
+
+func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, bool, error) {
+	if msg := ValidateName(name); msg != "" {
+		return ConnectorInfo{}, false, &BadRequestError{Msg: msg}
+	}
+	if h.get(name) == nil {
+		info, err := h.create(ctx, name, cfg, worker.TargetRunning)
+		if errors.Is(err, ErrAlreadyExists) {
+			// Created concurrently: fall through to reconfigure it.
+		} else {
+			return info, err == nil, err
+		}
+	}
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return ConnectorInfo{}, false, err
+	}
+	defer c.unlock()
+	info, err := h.reconfigureLocked(ctx, c, cfg)
+	return info, false, err
+}
+
+func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patch map[string]*string) (ConnectorInfo, error) {
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return ConnectorInfo{}, err
+	}
+	defer c.unlock()
+	cfg := c.rec.Config.Clone()
+	for k, v := range patch {
+		if v == nil {
+			delete(cfg, k)
+		} else {
+			cfg[k] = *v
+		}
+	}
+	return h.reconfigureLocked(ctx, c, cfg)
+}
+
+// reconfigureLocked validates the new config, stops the running instances
+// (never as a deletion), persists and starts them again.
+func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect.Config) (ConnectorInfo, error) {
+	if c.hasPlugin {
+		// A client that read the masked config and wrote it back must not
+		// replace the secret with the mask.
+		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, c.rec.Config)
+	}
+	p, spec, errs := h.validate(ctx, c.name, cfg)
+	if len(errs) > 0 {
+		return ConnectorInfo{}, &ConfigError{Fields: errs}
+	}
+	cfg = cfg.Clone()
+	cfg[KeyName] = c.name
+	rec := c.rec
+	rec.Config = cfg
+	rec.Tasks = nil
+	rec.UpdatedAt = time.Now().UTC()
+	h.stopAllLocked(ctx, c)
+	if err := h.store.PutConnector(ctx, rec); err != nil {
+		// The old config is still stored: bring the old instances back.
+		if c.rec.Target != worker.TargetStopped {
+			h.startLocked(ctx, c)
+		}
+		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s: %w", c.name, err)
+	}
+	h.mu.Lock()
+	c.rec, c.plugin, c.spec, c.hasPlugin = rec, p, spec, true
+	h.mu.Unlock()
+	h.logger(c).Info("connector reconfigured", "config", h.mask(c, cfg))
+	if rec.Target != worker.TargetStopped {
+		h.startLocked(ctx, c)
+	}
+	return h.infoLocked(c), nil
+}
+
+// --- API: target states
+
+func (h *Standalone) setTarget(ctx context.Context, c *conn, t worker.TargetState) error {
+	if c.rec.Target == t {
+		return nil
+	}
+	rec := c.rec
+	rec.Target = t
+	rec.UpdatedAt = time.Now().UTC()
+	if t == worker.TargetStopped {
+		rec.Tasks = nil // as in Kafka Connect: a stopped connector has no tasks
+	}
+	if err := h.store.PutConnector(ctx, rec); err != nil {
+		return fmt.Errorf("herder: persisting the target state of connector %s: %w", c.name, err)
+	}
+	h.setRec(c, rec)
+	return nil
+}
+
+func (h *Standalone) Pause(ctx context.Context, name string) error {
+	return h.changeTarget(ctx, name, worker.TargetPaused)
+}
+
+func (h *Standalone) Resume(ctx context.Context, name string) error {
+	return h.changeTarget(ctx, name, worker.TargetRunning)
+}
+
+func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.TargetState) error {
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	wasStopped := c.rec.Target == worker.TargetStopped
+	if err := h.setTarget(ctx, c, t); err != nil {
+		return err
+	}
+	h.logger(c).Info("connector target state changed", "target_state", t)
+	if wasStopped || !c.inWorker {
+		h.startLocked(ctx, c)
+		return nil
+	}
+	// Pause is no stop: the worker only cancels Poll/Put.
+	h.w.SetTargetState(name, t)
+	return nil
+}
+
+func (h *Standalone) Stop(ctx context.Context, name string) error {
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	if err := h.setTarget(ctx, c, worker.TargetStopped); err != nil {
+		return err
+	}
+	h.stopAllLocked(ctx, c)
+	h.forgetStatuses(name, 0)
+	h.logger(c).Info("connector stopped")
+	return nil
+}
+
+// --- API: restart
+
+func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onlyFailed bool) (ConnectorStatus, error) {
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return ConnectorStatus{}, err
+	}
+	defer c.unlock()
+	st := h.statusOf(c)
+	if c.rec.Target == worker.TargetStopped {
+		return st, nil // nothing runs, nothing to restart
+	}
+	restartConn := !onlyFailed || st.Connector.State == worker.StateFailed
+	var restartTasks []worker.TaskID
+	if includeTasks {
+		for i, ts := range st.Tasks {
+			if !onlyFailed || ts.State == worker.StateFailed {
+				restartTasks = append(restartTasks, worker.TaskID{Connector: name, Task: st.Tasks[i].ID})
+				st.Tasks[i].State = worker.StateRestarting
+				st.Tasks[i].Trace = ""
+			}
+		}
+	}
+	if restartConn {
+		st.Connector.State = worker.StateRestarting
+		st.Connector.Trace = ""
+	}
+	log := h.logger(c)
+	log.Info("restarting", "connector_restart", restartConn, "tasks", len(restartTasks))
+	h.stopTasksLocked(ctx, c, restartTasks, false)
+	if restartConn {
+		_ = h.stopConnectorLocked(ctx, c, false)
+		old := c.rec.Tasks
+		h.forgetStatuses(name, -1)
+		err := h.w.StartConnector(ctx, worker.ConnectorRun{Name: name, Config: c.rec.Config.Clone(), Ledger: h.store.Ledger(name), Target: c.rec.Target})
+		c.inWorker = true
+		c.running = err == nil
+		h.setFailure(c, "")
+		if err != nil {
+			log.Error("connector failed to start on restart", "error", err)
+			h.onStatusIfMissing(name, -1, err)
+		} else {
+			cfgs, err := h.w.TaskConfigs(ctx, name)
+			switch {
+			case err != nil:
+				h.setFailure(c, fmt.Sprintf("generating task configs: %v", err))
+			case !sameConfigs(cfgs, old) || len(c.tasks) < len(old):
+				// New task configs: every task restarts with them.
+				h.stopTasksLocked(ctx, c, nil, false)
+				tasks := make([]connect.Config, len(cfgs))
+				for i, tc := range cfgs {
+					tasks[i] = connect.Config(tc).Clone()
+				}
+				rec := c.rec
+				rec.Tasks = tasks
+				if err := h.store.PutConnector(ctx, rec); err != nil {
+					h.setFailure(c, fmt.Sprintf("persisting task configs: %v", err))
+					break
+				}
+				h.setRec(c, rec)
+				h.forgetStatuses(name, len(tasks))
+				for i := range c.rec.Tasks {
+					h.startTaskLocked(ctx, c, i)
+				}
+				restartTasks = nil
+			}
+		}
+	}
+	for _, id := range restartTasks {
+		if id.Task < len(c.rec.Tasks) {
+			h.startTaskLocked(ctx, c, id.Task)
+		}
+	}
+	return st, nil
+}
+
+func sameConfigs(a []map[string]string, b []connect.Config) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !maps.Equal(a[i], map[string]string(b[i])) {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Standalone) RestartTask(ctx context.Context, id worker.TaskID) error {
+	c, err := h.lookupLive(ctx, id.Connector)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	if id.Task < 0 || id.Task >= len(c.rec.Tasks) {
+		return ErrNotFound
+	}
+	h.logger(c).Info("restarting task", "task", id.Task)
+	h.stopTasksLocked(ctx, c, []worker.TaskID{id}, false)
+	h.startTaskLocked(ctx, c, id.Task)
+	return nil
+}
+
+// --- API: status
+
+func (h *Standalone) ConnectorStatus(ctx context.Context, name string) (ConnectorStatus, error) {
+	c := h.get(name)
+	if c == nil {
+		return ConnectorStatus{}, ErrNotFound
+	}
+	// Status must answer during a long deletion: read without c.op.
+	return h.statusOf(c), nil
+}
+
+func (h *Standalone) TaskStatus(ctx context.Context, id worker.TaskID) (TaskStatus, error) {
+	c := h.get(id.Connector)
+	if c == nil {
+		return TaskStatus{}, ErrNotFound
+	}
+	st := h.statusOf(c)
+	for _, t := range st.Tasks {
+		if t.ID == id.Task {
+			return t, nil
+		}
+	}
+	return TaskStatus{}, ErrNotFound
+}
+
+func (h *Standalone) instanceStatus(id worker.TaskID) (worker.Status, bool) {
+	var s worker.Status
+	var ok bool
+	if id.Task < 0 {
+		s, ok = h.w.ConnectorStatus(id.Connector)
+	} else {
+		s, ok = h.w.TaskStatus(id)
+	}
+	if ok {
+		return s, true
+	}
+	h.statusMu.Lock()
+	defer h.statusMu.Unlock()
+	s, ok = h.statuses[id]
+	return s, ok
+}
+
+// statusOf builds the status from the worker, the listener's last reports
+// and the herder's own knowledge. It reads c.rec without c.op: the fields
+// it reads are replaced whole, never mutated in place.
+func (h *Standalone) statusOf(c *conn) ConnectorStatus {
+	h.mu.Lock()
+	rec, failure, spec := c.rec, c.failure, c.spec
+	var del *store.DeletionIntent
+	if c.deletion != nil {
+		d := *c.deletion
+		del = &d
+	}
+	h.mu.Unlock()
+	st := ConnectorStatus{Name: c.name, Type: spec.Type, Tasks: []TaskStatus{}}
+	s, ok := h.instanceStatus(worker.TaskID{Connector: c.name, Task: -1})
+	switch {
+	case del != nil && del.Phase != store.PhaseStoppingTasks && del.Phase != store.PhaseStoppingConnector && del.Phase != store.PhaseForgetting:
+		trace := del.LastError
+		if trace == "" {
+			trace = "deletion pending: " + del.Phase
+		}
+		s = worker.Status{State: worker.StateFailed, Trace: trace}
+	case failure != "":
+		s = worker.Status{State: worker.StateFailed, Trace: failure}
+	case ok:
+	case rec.Target == worker.TargetStopped:
+		s = worker.Status{State: worker.StateStopped}
+	default:
+		s = worker.Status{State: worker.StateUnassigned}
+	}
+	st.Connector = s
+	if del == nil && rec.Target != worker.TargetStopped || del != nil && len(rec.Tasks) > 0 {
+		for i := range rec.Tasks {
+			ts, ok := h.instanceStatus(worker.TaskID{Connector: c.name, Task: i})
+			if !ok || ts.State == worker.StateStopped {
+				ts = worker.Status{State: worker.StateUnassigned}
+			}
+			st.Tasks = append(st.Tasks, TaskStatus{ID: i, Status: ts})
+		}
+	}
+	if del != nil {
+		remaining, _ := h.store.Ledger(c.name).List(context.Background())
+		st.Deletion = &Deletion{Phase: del.Phase, Remaining: remaining, Error: del.LastError, Attempts: del.Attempts, StartedAt: del.StartedAt}
+	}
+	return st
+}
+
+// --- API: offsets
+
+func (h *Standalone) Offsets(ctx context.Context, name string) (ConnectorOffsets, error) {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return ConnectorOffsets{}, err
+	}
+	defer c.unlock()
+	if c.spec.Type == connect.TypeSink {
+		return h.sinkOffsets(ctx, name)
+	}
+	offs, err := h.store.AllOffsets(ctx, name)
+	if err != nil {
+		return ConnectorOffsets{}, fmt.Errorf("herder: reading the offsets of connector %s: %w", name, err)
+	}
+	if offs == nil {
+		offs = []worker.SourceOffset{}
+	}
+	return ConnectorOffsets{Offsets: offs}, nil
+}
+
+func (h *Standalone) requireAdmin() error {
+	if h.adm == nil {
+		return errors.New("herder: no Kafka admin client configured, so sink offsets (consumer group connect-<name>) are unavailable")
+	}
+	return nil
+}
+
+func (h *Standalone) sinkOffsets(ctx context.Context, name string) (ConnectorOffsets, error) {
+	if err := h.requireAdmin(); err != nil {
+		return ConnectorOffsets{}, err
+	}
+	resp, err := h.adm.FetchOffsets(ctx, SinkGroup(name))
+	if err != nil {
+		return ConnectorOffsets{}, fmt.Errorf("herder: fetching the offsets of consumer group %s (is Kafka reachable?): %w", SinkGroup(name), err)
+	}
+	out := ConnectorOffsets{Offsets: []worker.SourceOffset{}}
+	for _, o := range resp.Sorted() {
+		if o.Err != nil || o.At < 0 {
+			continue
+		}
+		out.Offsets = append(out.Offsets, worker.SourceOffset{
+			Partition: map[string]any{"kafka_topic": o.Topic, "kafka_partition": o.Partition},
+			Offset:    map[string]any{"kafka_offset": o.At},
+		})
+	}
+	return out, nil
+}
+
+// lookupStopped locks a connector whose offsets may change: STOPPED and no
+// instance running.
+func (h *Standalone) lookupStopped(ctx context.Context, name string) (*conn, error) {
+	c, err := h.lookupLive(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if c.rec.Target != worker.TargetStopped || c.inWorker || len(c.tasks) > 0 {
+		c.unlock()
+		return nil, fmt.Errorf("connector %s: %w; stop it with PUT /connectors/%s/stop first", name, ErrNotStopped, name)
+	}
+	return c, nil
+}
+
+func (h *Standalone) AlterOffsets(ctx context.Context, name string, offsets ConnectorOffsets) error {
+	c, err := h.lookupStopped(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	if c.spec.Type == connect.TypeSink {
+		return h.alterSinkOffsets(ctx, name, offsets)
+	}
+	var msgs []string
+	for i, o := range offsets.Offsets {
+		if len(o.Partition) == 0 {
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition must be a non-empty object", i))
+		}
+	}
+	if len(msgs) > 0 {
+		return &BadRequestError{Msg: "invalid source offsets: " + strings.Join(msgs, "; ")}
+	}
+	if err := h.store.Put(ctx, name, offsets.Offsets); err != nil {
+		return fmt.Errorf("herder: storing offsets of connector %s: %w", name, err)
+	}
+	h.logger(c).Info("source offsets altered", "partitions", len(offsets.Offsets))
+	return nil
+}
+
+func asInt64(v any) (int64, bool) {
+	switch n := v.(type) {
+	case float64:
+		if n != float64(int64(n)) {
+			return 0, false
+		}
+		return int64(n), true
+	case int:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	}
+	return 0, false
+}
+
+func (h *Standalone) alterSinkOffsets(ctx context.Context, name string, offsets ConnectorOffsets) error {
+	if err := h.requireAdmin(); err != nil {
+		return err
+	}
+	var msgs []string
+	commit := kadm.Offsets{}
+	del := kadm.TopicsSet{}
+	for i, o := range offsets.Offsets {
+		topic, ok := o.Partition["kafka_topic"].(string)
+		if !ok || topic == "" {
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition.kafka_topic must be a topic name", i))
+		}
+		part, ok := asInt64(o.Partition["kafka_partition"])
+		if !ok || part < 0 {
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition.kafka_partition must be a partition number (0 or more)", i))
+		}
+		if o.Offset == nil {
+			del.Add(topic, int32(part))
+			continue
+		}
+		at, ok := asInt64(o.Offset["kafka_offset"])
+		if !ok || at < 0 {
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].offset.kafka_offset must be an offset (0 or more), or the whole offset null to reset", i))
+			continue
+		}
+		commit.Add(kadm.Offset{Topic: topic, Partition: int32(part), At: at, LeaderEpoch: -1})
+	}
+	if len(msgs) > 0 {
+		return &BadRequestError{Msg: "invalid sink offsets: " + strings.Join(msgs, "; ")}
+	}
+	group := SinkGroup(name)
+	if len(commit) > 0 {
+		resp, err := h.adm.CommitOffsets(ctx, group, commit)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil {
+			return fmt.Errorf("herder: committing offsets for consumer group %s: %w", group, err)
+		}
+	}
+	if len(del) > 0 {
+		resp, err := h.adm.DeleteOffsets(ctx, group, del)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil && !isGroupGone(err) {
+			return fmt.Errorf("herder: deleting offsets of consumer group %s: %w", group, err)
+		}
+	}
+	h.log.Info("sink offsets altered", "connector", name, "group", group, "committed", len(commit), "reset", len(del))
+	return nil
+}
+
+func isGroupGone(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "GROUP_ID_NOT_FOUND") || strings.Contains(err.Error(), "does not exist"))
+}
+
+func (h *Standalone) ResetOffsets(ctx context.Context, name string) error {
+	c, err := h.lookupStopped(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	if c.spec.Type == connect.TypeSink {
+		if err := h.requireAdmin(); err != nil {
+			return err
+		}
+		if _, err := h.adm.DeleteGroup(ctx, SinkGroup(name)); err != nil && !isGroupGone(err) {
+			return fmt.Errorf("herder: deleting consumer group %s: %w", SinkGroup(name), err)
+		}
+	} else if err := h.store.DeleteOffsets(ctx, name); err != nil {
+		return fmt.Errorf("herder: resetting the offsets of connector %s: %w", name, err)
+	}
+	h.logger(c).Info("offsets reset")
+	return nil
+}
+
+// --- API: topics and resources
+
+func (h *Standalone) Topics(ctx context.Context, name string) ([]string, error) {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer c.unlock()
+	h.saveTopics(ctx, c)
+	t, err := h.store.Topics(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		t = []string{}
+	}
+	return t, nil
+}
+
+func (h *Standalone) ResetTopics(ctx context.Context, name string) error {
+	c, err := h.lookup(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer c.unlock()
+	return h.store.ResetTopics(ctx, name)
+}
+
+func (h *Standalone) Resources(ctx context.Context, name string) ([]connect.Resource, error) {
+	if h.get(name) == nil {
+		return nil, ErrNotFound
+	}
+	r, err := h.store.Ledger(name).List(ctx)
+	if r == nil {
+		r = []connect.Resource{}
+	}
+	return r, err
+}
+
+// --- API: plugins and validation
+
+func (h *Standalone) Plugins(context.Context) ([]PluginInfo, error) {
+	var out []PluginInfo
+	for _, p := range h.plugins.List() {
+		s := p.NewConnector().Spec()
+		out = append(out, PluginInfo{Class: p.Class, Type: s.Type, Version: s.Version})
+	}
+	return out, nil
+}
+
+func (h *Standalone) PluginConfig(_ context.Context, class string) (connect.ConfigDef, error) {
+	p, ok := h.plugins.Lookup(class)
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return p.NewConnector().Spec().Config, nil
+}
+
+func (h *Standalone) Validate(ctx context.Context, class string, cfg connect.Config) (Validation, error) {
+	p, ok := h.plugins.Lookup(class)
+	if !ok {
+		return Validation{}, &BadRequestError{Msg: h.unknownClassMsg(class)}
+	}
+	cfg = cfg.Clone()
+	if cfg[KeyConnectorClass] == "" {
+		cfg[KeyConnectorClass] = class
+	}
+	_, spec, errs := h.validate(ctx, "", cfg)
+	def := CommonConfigDef(spec.Type).Merge(spec.Config)
+	masked := def.Mask(cfg)
+	v := Validation{Name: p.Class}
+	for _, k := range def {
+		vk := ValidatedKey{Definition: k, Errors: errs[k.Name], Visible: true}
+		if vk.Errors == nil {
+			vk.Errors = []string{}
+		}
+		if val, ok := masked[k.Name]; ok {
+			vk.Value = &val
+		} else if k.Default != "" {
+			d := k.Default
+			if k.Type == connect.TypePassword {
+				d = connect.HiddenValue
+			}
+			vk.Value = &d
+		}
+		v.ErrorCount += len(vk.Errors)
+		if k.Group != "" && !slices.Contains(v.Groups, k.Group) {
+			v.Groups = append(v.Groups, k.Group)
+		}
+		v.Configs = append(v.Configs, vk)
+	}
+	if v.Groups == nil {
+		v.Groups = []string{}
+	}
+	return v, nil
+}
+
+// --- Shutdown
+
+// Close stops the background retries, then every connector (tasks first,
+// never as a deletion), then the worker. The store stays open: its owner
+// closes it.
+func (h *Standalone) Close(ctx context.Context) error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	conns := slices.Collect(maps.Values(h.conns))
+	h.mu.Unlock()
+	h.bgCancel()
+	h.bgWG.Wait()
+	for _, c := range conns {
+		if err := c.lock(ctx); err != nil {
+			h.log.Warn("connector busy at shutdown; the worker stops it", "connector", c.name, "error", err)
+			continue
+		}
+		h.stopAllLocked(ctx, c)
+		c.unlock()
+	}
+	if err := h.w.Close(ctx); err != nil {
+		return fmt.Errorf("herder: closing the worker: %w", err)
+	}
+	return nil
+}
