@@ -41,18 +41,19 @@ func (s *server) listConnectors(w http.ResponseWriter, r *http.Request) error {
 	names = slices.Clone(names)
 	slices.Sort(names)
 	var withStatus, withInfo bool
-	for _, v := range r.URL.Query()["expand"] {
+	expand := r.URL.Query()["expand"]
+	for _, v := range expand {
 		for _, e := range strings.Split(v, ",") {
-			switch strings.TrimSpace(e) {
+			switch strings.ToLower(strings.TrimSpace(e)) {
 			case "status":
 				withStatus = true
 			case "info":
 				withInfo = true
 			}
-			// Kafka ignores unknown expansions; so do we.
+			// Kafka ignores unknown expansions (but still answers a map).
 		}
 	}
-	if !withStatus && !withInfo {
+	if len(expand) == 0 {
 		if names == nil {
 			names = []string{}
 		}

@@ -148,7 +148,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.writeError(rec, r, &httpError{status: status, msg: http.StatusText(status)})
 		}
 	} else {
-		h.ServeHTTP(rec, r)
+		// The mux, not h, so that it sets the path values.
+		s.mux.ServeHTTP(rec, r)
 	}
 
 	status := rec.status
