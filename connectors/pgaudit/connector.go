@@ -1,0 +1,708 @@
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// Resource kinds in the ledger, dropped in this order on deletion.
+const (
+	KindTrigger  = "postgres.trigger"
+	KindFunction = "postgres.function"
+	KindTable    = "postgres.table"
+	KindSchema   = "postgres.schema"
+)
+
+var dropOrder = []string{KindTrigger, KindFunction, KindTable, KindSchema}
+
+// Connector provisions and drops the shared objects and splits the tables
+// over tasks. It holds no connection while running.
+type Connector struct {
+	mu      sync.Mutex
+	host    *connect.Host
+	s       settings
+	parsed  bool
+	deleted bool
+}
+
+var (
+	_ connect.Connector = (*Connector)(nil)
+	_ connect.Validator = (*Connector)(nil)
+)
+
+// Spec describes pgaudit.
+func (c *Connector) Spec() connect.Spec {
+	return connect.Spec{
+		Type:    connect.TypeSource,
+		Version: versionString(),
+		Doc:     "Captures row changes of PostgreSQL tables with audit triggers and streams them to Kafka; drops what it created only when deleted.",
+		Config:  ConfigDef(),
+	}
+}
+
+func connectorName(h *connect.Host, cfg connect.Config) string {
+	if h.Connector != "" {
+		return h.Connector
+	}
+	return cfg["name"]
+}
+
+// Start checks the configuration and the tables, then provisions. With
+// Host.CleanupOnly it only remembers the configuration for Stopped.
+func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
+	h := connect.HostFrom(ctx)
+	s, errs := parseSettings(connectorName(h, cfg), cfg)
+	c.mu.Lock()
+	c.host, c.s, c.parsed = h, s, len(errs) == 0
+	c.mu.Unlock()
+	if h.CleanupOnly {
+		if s.url == "" {
+			return fmt.Errorf("cannot finish the deletion of connector %q: %s is missing", s.name, KeyURL)
+		}
+		return nil
+	}
+	if err := configError(errs); err != nil {
+		return err
+	}
+	conn, err := connectDB(ctx, s.url, ApplicationName(s.name, "connector"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return provision(ctx, conn, s, h)
+}
+
+// TaskConfigs spreads the tables round-robin over at most maxTasks tasks.
+func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
+	c.mu.Lock()
+	s := c.s
+	c.mu.Unlock()
+	if maxTasks < 1 {
+		maxTasks = 1
+	}
+	if s.tasksMax > 0 && s.tasksMax < maxTasks {
+		maxTasks = s.tasksMax
+	}
+	n := min(maxTasks, len(s.tables))
+	groups := make([][]tableName, n)
+	for i, t := range s.tables {
+		groups[i%n] = append(groups[i%n], t)
+	}
+	out := make([]connect.Config, n)
+	for i, g := range groups {
+		tc := connect.Config{
+			"name":             s.name,
+			KeyURL:             s.url,
+			KeyTopicPrefix:     s.topicPrefix,
+			KeyAuditSchema:     s.auditSchema,
+			KeyPollMaxRecords:  fmt.Sprint(s.pollMax),
+			KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
+			KeyTables:          formatTables(s.tables),
+			keyTaskTables:      formatTables(g),
+			KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
+		}
+		out[i] = tc
+	}
+	return out, nil
+}
+
+// Stop records whether this is a deletion; the connector has nothing to
+// interrupt.
+func (c *Connector) Stop(connectorDeleted bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if connectorDeleted {
+		c.deleted = true
+	}
+}
+
+// Stopped drops what the ledger lists when the connector was deleted with
+// cleanup.on.delete (the default).
+func (c *Connector) Stopped(ctx context.Context) error {
+	c.mu.Lock()
+	h, s, deleted := c.host, c.s, c.deleted
+	c.mu.Unlock()
+	if !deleted {
+		return nil
+	}
+	if h == nil {
+		h = connect.HostFrom(ctx)
+	}
+	rs, err := ownedResources(ctx, h.Ledger)
+	if err != nil {
+		return err
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	if !s.cleanup && s.url != "" {
+		// The objects are handed over to the database's users: nobody owns
+		// them any more, so they leave the ledger.
+		for _, r := range rs {
+			h.Logger.Info("cleanup.on.delete=false: keeping object", "resource", r.String())
+			if err := h.Ledger.Release(ctx, r); err != nil {
+				return fmt.Errorf("releasing %v from the ledger: %w", r, err)
+			}
+		}
+		return nil
+	}
+	if s.url == "" {
+		return fmt.Errorf("cannot drop %s: %s is missing; set it and delete again", describe(rs), KeyURL)
+	}
+	conn, err := connectDB(ctx, s.url, ApplicationName(s.name, "connector"))
+	if err != nil {
+		return fmt.Errorf("deletion incomplete, still owned: %s: %w", describe(rs), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := dropOwned(ctx, conn, s.name, h, rs); err != nil {
+		left, _ := ownedResources(context.WithoutCancel(ctx), h.Ledger)
+		return fmt.Errorf("deletion incomplete, still owned: %s: %w", describe(left), err)
+	}
+	return nil
+}
+
+func ownedResources(ctx context.Context, l connect.Ledger) ([]connect.Resource, error) {
+	all, err := l.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the resource ledger: %w", err)
+	}
+	return slices.DeleteFunc(all, func(r connect.Resource) bool { return !slices.Contains(dropOrder, r.Kind) }), nil
+}
+
+func describe(rs []connect.Resource) string {
+	if len(rs) == 0 {
+		return "nothing"
+	}
+	const show = 8
+	parts := make([]string, 0, show+1)
+	for i, r := range rs {
+		if i == show {
+			parts = append(parts, fmt.Sprintf("and %d more", len(rs)-show))
+			break
+		}
+		parts = append(parts, r.String())
+	}
+	return fmt.Sprintf("%d object(s): %s", len(rs), strings.Join(parts, ", "))
+}
+
+// Resources of one connector.
+func schemaRes(db, schema string) connect.Resource {
+	return connect.Resource{Kind: KindSchema, Name: schema, Location: db}
+}
+
+func tableRes(db, schema string, n names) connect.Resource {
+	return connect.Resource{Kind: KindTable, Name: n.table, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
+}
+
+func functionRes(db, schema string, n names) connect.Resource {
+	return connect.Resource{Kind: KindFunction, Name: n.function + "()", Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
+}
+
+func triggerRes(db string, t tableName, trigger string) connect.Resource {
+	return connect.Resource{Kind: KindTrigger, Name: trigger, Location: db + "/" + t.quoted()}
+}
+
+// checkTables reports, per configured table, why it cannot be captured.
+func checkTables(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, s settings) ([]string, error) {
+	schemas := make([]string, len(s.tables))
+	tables := make([]string, len(s.tables))
+	for i, t := range s.tables {
+		schemas[i], tables[i] = t.Schema, t.Name
+	}
+	rows, err := q.Query(ctx, `
+SELECT t.s, t.n, c.relkind::text,
+       coalesce(has_table_privilege(c.oid, 'SELECT'), false),
+       coalesce(has_table_privilege(c.oid, 'TRIGGER'), false),
+       current_user::text
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
+LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
+ORDER BY t.i`, schemas, tables)
+	if err != nil {
+		return nil, fmt.Errorf("checking the configured tables: %w", err)
+	}
+	var problems []string
+	for rows.Next() {
+		var (
+			schema, table string
+			kind          *string
+			sel, trig     bool
+			user          string
+		)
+		if err := rows.Scan(&schema, &table, &kind, &sel, &trig, &user); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("checking the configured tables: %w", err)
+		}
+		t := tableName{schema, table}
+		switch {
+		case kind == nil:
+			problems = append(problems, fmt.Sprintf("table %s does not exist: create it or remove it from %s", t.quoted(), KeyTables))
+		case *kind != "r" && *kind != "p":
+			problems = append(problems, fmt.Sprintf("%s is not a table (relkind %s): only tables can be captured", t.quoted(), *kind))
+		default:
+			if !sel {
+				problems = append(problems, fmt.Sprintf("role %s has no SELECT privilege on table %s: GRANT SELECT ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
+			}
+			if !trig {
+				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s (or connect as the table's owner)", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("checking the configured tables: %w", err)
+	}
+	return problems, nil
+}
+
+// Validate checks what ConfigDef cannot: the database is reachable, and the
+// tables exist and may be read and given triggers. It provisions nothing.
+func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string][]string {
+	s, errs := parseSettings(connectorName(connect.HostFrom(ctx), cfg), cfg)
+	delete(errs, "name") // the REST layer names the connector
+	if len(errs[KeyURL]) > 0 || s.url == "" {
+		return errs
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := connectDB(ctx, s.url, ApplicationName(s.name, "validate"))
+	if err != nil {
+		errs[KeyURL] = append(errs[KeyURL], err.Error())
+		return errs
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if len(s.tables) > 0 {
+		problems, err := checkTables(ctx, conn, s)
+		if err != nil {
+			errs[KeyURL] = append(errs[KeyURL], err.Error())
+		}
+		errs[KeyTables] = append(errs[KeyTables], problems...)
+	}
+	if p, err := checkAuditSchema(ctx, conn, s); err != nil {
+		errs[KeyURL] = append(errs[KeyURL], err.Error())
+	} else if p != "" {
+		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
+	}
+	for k, v := range errs {
+		if len(v) == 0 {
+			delete(errs, k)
+		}
+	}
+	return errs
+}
+
+// checkAuditSchema reports whether the audit objects can be created.
+func checkAuditSchema(ctx context.Context, conn interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, s settings) (string, error) {
+	n := objectNames(s.name)
+	var schemaExists, canCreateIn, canCreateSchema, tableExists bool
+	err := conn.QueryRow(ctx, `
+SELECT ns.oid IS NOT NULL,
+       coalesce(has_schema_privilege(ns.oid, 'CREATE'), false),
+       has_database_privilege(current_database(), 'CREATE'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = ns.oid AND c.relname = $2)
+FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = $1`, s.auditSchema, n.table).
+		Scan(&schemaExists, &canCreateIn, &canCreateSchema, &tableExists)
+	if err != nil {
+		return "", fmt.Errorf("checking the audit schema: %w", err)
+	}
+	switch {
+	case !schemaExists && !canCreateSchema:
+		return fmt.Sprintf("schema %s does not exist and this role may not create schemas: create it, or GRANT CREATE ON DATABASE", pgx.Identifier{s.auditSchema}.Sanitize()), nil
+	case schemaExists && !tableExists && !canCreateIn:
+		return fmt.Sprintf("this role may not create objects in schema %s: GRANT CREATE ON SCHEMA %s to it", pgx.Identifier{s.auditSchema}.Sanitize(), pgx.Identifier{s.auditSchema}.Sanitize()), nil
+	}
+	return "", nil
+}
+
+// provision creates what is missing, in one transaction under the advisory
+// lock, recording each object in the ledger before creating it. Triggers the
+// ledger lists for tables no longer configured are dropped.
+func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host) (err error) {
+	n := objectNames(s.name)
+	v := n.vars(s.auditSchema)
+	before, err := ownedResources(ctx, h.Ledger)
+	if err != nil {
+		return err
+	}
+	var newly []connect.Resource
+	own := func(r connect.Resource) error {
+		if !slices.Contains(before, r) {
+			newly = append(newly, r)
+		}
+		if err := h.Ledger.Own(ctx, r); err != nil {
+			return fmt.Errorf("recording %v in the ledger: %w", r, err)
+		}
+		return nil
+	}
+	defer func() {
+		if err != nil {
+			// The transaction rolled back: what this attempt recorded was
+			// never created.
+			for _, r := range newly {
+				_ = h.Ledger.Release(context.WithoutCancel(ctx), r)
+			}
+		}
+	}()
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("provisioning: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
+	}
+	problems, err := checkTables(ctx, tx, s)
+	if err != nil {
+		return err
+	}
+	if p, err := checkAuditSchema(ctx, tx, s); err != nil {
+		return err
+	} else if p != "" {
+		problems = append(problems, KeyAuditSchema+": "+p)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("cannot capture (nothing was provisioned): %s", strings.Join(problems, "; "))
+	}
+
+	var (
+		db                                        string
+		schemaExists, tableExists, functionExists bool
+		functionMarker                            *string
+	)
+	err = tx.QueryRow(ctx, `
+SELECT current_database()::text,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+               WHERE ns.nspname = $1 AND c.relname = $2),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0),
+       (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0)`,
+		s.auditSchema, n.table, n.function).Scan(&db, &schemaExists, &tableExists, &functionExists, &functionMarker)
+	if err != nil {
+		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
+	}
+
+	var script strings.Builder
+	add := func(file, block string, vars sqlVars) error {
+		sql, err := render(file, block, vars)
+		if err != nil {
+			return err
+		}
+		script.WriteString(sql)
+		script.WriteString(";\n")
+		return nil
+	}
+	if !schemaExists {
+		if err := own(schemaRes(db, s.auditSchema)); err != nil {
+			return err
+		}
+		if err := add("0000_audit_schema.up.sql", "", v); err != nil {
+			return err
+		}
+	}
+	if !tableExists {
+		if err := own(tableRes(db, s.auditSchema, n)); err != nil {
+			return err
+		}
+		if err := add("0001_audit_table.up.sql", "", v); err != nil {
+			return err
+		}
+	}
+	// The function is (re)created when missing or when it carries our
+	// marker, so an upgrade ships a new body; someone else's is left alone.
+	if !functionExists || (functionMarker != nil && *functionMarker == n.marker) {
+		if !functionExists {
+			if err := own(functionRes(db, s.auditSchema, n)); err != nil {
+				return err
+			}
+		}
+		body, err := render("0002_capture_function.body.sql", "", v)
+		if err != nil {
+			return err
+		}
+		fv := v
+		fv.Body = quoteLiteral(body)
+		if err := add("0002_capture_function.up.sql", "", fv); err != nil {
+			return err
+		}
+	}
+
+	// Triggers: install the missing ones.
+	trigNames := make([]string, len(triggerEvents))
+	for i, e := range triggerEvents {
+		trigNames[i] = n.trigger(e)
+	}
+	existing, err := existingTriggers(ctx, tx, trigNames)
+	if err != nil {
+		return err
+	}
+	configured := map[string]bool{}
+	for _, t := range s.tables {
+		configured[t.quoted()] = true
+		for _, e := range triggerEvents {
+			trig := n.trigger(e)
+			if existing[t.quoted()+" "+trig] {
+				continue
+			}
+			if err := own(triggerRes(db, t, trig)); err != nil {
+				return err
+			}
+			tv := v
+			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
+			if err := add("0003_table_triggers.up.sql", e, tv); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Triggers of tables no longer configured: drop (if still ours) and
+	// purge their undelivered changes, which no task reads any more.
+	var removed []connect.Resource
+	purged := map[string]bool{}
+	for _, r := range before {
+		if r.Kind != KindTrigger {
+			continue
+		}
+		rdb, parts, err := parseQualified(r.Location)
+		if err != nil || len(parts) != 2 || rdb != db {
+			continue
+		}
+		t := tableName{parts[0], parts[1]}
+		if configured[t.quoted()] {
+			continue
+		}
+		if existing[t.quoted()+" "+r.Name] {
+			tv := v
+			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{r.Name}.Sanitize()
+			if err := add("0003_table_triggers.down.sql", "", tv); err != nil {
+				return err
+			}
+		}
+		if !purged[t.quoted()] {
+			purged[t.quoted()] = true
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name))
+		}
+		removed = append(removed, r)
+	}
+
+	if script.Len() > 0 {
+		if _, err := tx.Exec(ctx, script.String()); err != nil {
+			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("provisioning: commit: %w", err)
+	}
+	for _, r := range removed {
+		if err := h.Ledger.Release(ctx, r); err != nil {
+			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
+		}
+		h.Logger.Info("dropped the trigger of a table no longer captured", "resource", r.String())
+	}
+	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
+	return nil
+}
+
+// existingTriggers returns "<quoted table> <trigger>" for every trigger with
+// one of the given names.
+func existingTriggers(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, trigNames []string) (map[string]bool, error) {
+	rows, err := q.Query(ctx, `
+SELECT ns.nspname::text, c.relname::text, t.tgname::text
+FROM pg_catalog.pg_trigger t
+JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+WHERE NOT t.tgisinternal AND t.tgname = ANY($1::text[])`, trigNames)
+	if err != nil {
+		return nil, fmt.Errorf("listing existing triggers: %w", err)
+	}
+	out := map[string]bool{}
+	for rows.Next() {
+		var s, t, g string
+		if err := rows.Scan(&s, &t, &g); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[tableName{s, t}.quoted()+" "+g] = true
+	}
+	rows.Close()
+	return out, rows.Err()
+}
+
+// dropOwned drops, in one transaction, every ledger-listed object that still
+// carries this connector's marker, then releases the entries. An object
+// that is gone counts as dropped; one whose marker is not ours (someone
+// replaced it) and a schema that still holds others' objects are kept and
+// released, with a log line.
+func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect.Host, rs []connect.Resource) error {
+	n := objectNames(connector)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		return fmt.Errorf("taking the advisory lock: %w", err)
+	}
+	var db string
+	if err := tx.QueryRow(ctx, `SELECT current_database()::text`).Scan(&db); err != nil {
+		return err
+	}
+	slices.SortStableFunc(rs, func(a, b connect.Resource) int {
+		return slices.Index(dropOrder, a.Kind) - slices.Index(dropOrder, b.Kind)
+	})
+
+	// Markers of everything listed, in one round trip per kind.
+	type target struct {
+		r      connect.Resource
+		parts  []string
+		exists bool
+		ours   bool
+	}
+	var targets []*target
+	var trigS, trigT, trigN []string
+	for _, r := range rs {
+		rdb, parts, err := parseQualified(r.Location)
+		if r.Kind == KindSchema {
+			rdb, parts, err = r.Location, []string{r.Name}, nil
+		}
+		if err != nil {
+			return err
+		}
+		if rdb != db {
+			return fmt.Errorf("%v lives in database %q but %s connects to %q: point %s at %q and delete again", r, rdb, KeyURL, db, KeyURL, rdb)
+		}
+		tg := &target{r: r, parts: parts}
+		targets = append(targets, tg)
+		if r.Kind == KindTrigger && len(parts) == 2 {
+			trigS, trigT, trigN = append(trigS, parts[0]), append(trigT, parts[1]), append(trigN, r.Name)
+		}
+	}
+	trigMarkers := map[string]*string{}
+	if len(trigN) > 0 {
+		rows, err := tx.Query(ctx, `
+SELECT x.s, x.t, x.n, obj_description(tg.oid, 'pg_trigger')
+FROM unnest($1::text[], $2::text[], $3::text[]) AS x(s, t, n)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n`, trigS, trigT, trigN)
+		if err != nil {
+			return fmt.Errorf("inspecting triggers: %w", err)
+		}
+		for rows.Next() {
+			var s, t, nm string
+			var m *string
+			if err := rows.Scan(&s, &t, &nm, &m); err != nil {
+				rows.Close()
+				return err
+			}
+			trigMarkers[tableName{s, t}.quoted()+" "+nm] = m
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+
+	var script strings.Builder
+	var schemas []*target
+	for _, tg := range targets {
+		var marker *string
+		switch tg.r.Kind {
+		case KindTrigger:
+			if len(tg.parts) != 2 {
+				continue
+			}
+			m, ok := trigMarkers[pgx.Identifier(tg.parts).Sanitize()+" "+tg.r.Name]
+			tg.exists, marker = ok, m
+		case KindFunction:
+			err = tx.QueryRow(ctx, `SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace WHERE ns.nspname = $1 AND p.proname = $2 AND p.pronargs = 0`,
+				tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")).Scan(&marker)
+		case KindTable:
+			err = tx.QueryRow(ctx, `SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1 AND c.relname = $2`,
+				tg.parts[0], tg.r.Name).Scan(&marker)
+		case KindSchema:
+			err = tx.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace WHERE nspname = $1`,
+				tg.r.Name).Scan(&marker)
+		}
+		if tg.r.Kind != KindTrigger {
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				err = nil
+			case err != nil:
+				return fmt.Errorf("inspecting %v: %w", tg.r, err)
+			default:
+				tg.exists = true
+			}
+		}
+		tg.ours = marker != nil && *marker == n.marker
+		if !tg.exists {
+			continue
+		}
+		if !tg.ours {
+			h.Logger.Warn("not dropping an object that no longer carries this connector's marker (someone replaced it)", "resource", tg.r.String())
+			continue
+		}
+		switch tg.r.Kind {
+		case KindTrigger:
+			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{tg.r.Name}.Sanitize(), pgx.Identifier(tg.parts).Sanitize())
+		case KindFunction:
+			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s();\n", pgx.Identifier{tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")}.Sanitize())
+		case KindTable:
+			fmt.Fprintf(&script, "DROP TABLE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
+		case KindSchema:
+			schemas = append(schemas, tg)
+		}
+	}
+	if script.Len() > 0 {
+		if _, err := tx.Exec(ctx, script.String()); err != nil {
+			return fmt.Errorf("dropping the owned objects: %w", err)
+		}
+	}
+	for _, tg := range schemas {
+		// RESTRICT fails when the schema holds objects others own: keep it.
+		if _, err := tx.Exec(ctx, "SAVEPOINT tidyconnect_schema"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %s RESTRICT", pgx.Identifier{tg.r.Name}.Sanitize()))
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == "2BP01":
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidyconnect_schema"); err != nil {
+				return err
+			}
+			h.Logger.Info("keeping the audit schema: it holds objects this connector does not own", "resource", tg.r.String())
+		case err != nil:
+			return fmt.Errorf("dropping %v: %w", tg.r, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("dropping the owned objects: commit: %w", err)
+	}
+	for _, tg := range targets {
+		if err := h.Ledger.Release(ctx, tg.r); err != nil {
+			return fmt.Errorf("releasing %v from the ledger: %w", tg.r, err)
+		}
+	}
+	h.Logger.Info("dropped the owned objects", "count", len(targets))
+	return nil
+}

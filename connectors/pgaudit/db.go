@@ -1,0 +1,110 @@
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// ApplicationName is the application_name of a connection of the connector
+// (role is "connector", "task-N" or "listen-N"), so that pg_stat_activity
+// shows whose connection it is. PostgreSQL keeps 63 bytes of printable
+// ASCII; longer or unusual names use the derived base name instead.
+func ApplicationName(connector, role string) string {
+	return ApplicationNamePrefix(connector) + role
+}
+
+// ApplicationNamePrefix is the common prefix of ApplicationName for one
+// connector.
+func ApplicationNamePrefix(connector string) string {
+	id := connector
+	plain := true
+	for _, r := range connector {
+		if r > unicode.MaxASCII || !unicode.IsPrint(r) {
+			plain = false
+		}
+	}
+	if !plain || len("tidyconnect:"+id+":listen-000") > 63 {
+		id = objectNames(connector).base
+	}
+	return "tidyconnect:" + id + ":"
+}
+
+func connConfig(url, appName string) (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL: never show the password.
+		return nil, fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(url), KeyURL)
+	}
+	cc.RuntimeParams["application_name"] = appName
+	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > 10*time.Second {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	return cc, nil
+}
+
+func connectDB(ctx context.Context, url, appName string) (*pgx.Conn, error) {
+	cc, err := connConfig(url, appName)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(url), KeyURL, err)
+	}
+	return conn, nil
+}
+
+// transient reports whether err is a lost or refused connection (worth a
+// retry with backoff) rather than a problem retrying cannot fix.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", // shutdown, cannot connect now
+			pgErr.Code == "40001", pgErr.Code == "40P01", // serialization failure, deadlock
+			pgErr.Code == "53300": // too many connections
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	return pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed") ||
+		strings.Contains(err.Error(), "unexpected EOF") || strings.Contains(err.Error(), "connection reset")
+}
+
+// lockKey serializes pgaudit provisioning and cleanup in a database: both
+// check-then-create schemas and triggers, which must not interleave.
+const lockKey int64 = 0x7469_6479_7067_6175 // "tidypgau"
+
+// sleepCtx waits d or until ctx is done; a backoff, not a condition wait.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

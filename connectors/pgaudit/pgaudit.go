@@ -1,0 +1,205 @@
+// Package pgaudit is the PostgreSQL audit-trigger source connector.
+//
+// Start provisions, in one transaction under an advisory lock, an audit
+// table, a trigger function and statement-level capture triggers on every
+// configured table; tasks read the audit table in id order, hand the changes
+// to the runtime and delete exactly the rows Kafka acknowledged (the audit
+// table is the durable queue). Stopped drops what the ledger lists, and only
+// on deletion. See docs/pgaudit.md.
+package pgaudit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/version"
+)
+
+// Class is the connector.class value selecting this plugin.
+const Class = "pgaudit"
+
+// Configuration keys (the public interface).
+const (
+	KeyURL             = "postgres.url"
+	KeyTables          = "tables"
+	KeyTopicPrefix     = "topic.prefix"
+	KeyAuditSchema     = "audit.schema"
+	KeyTasksMax        = "tasks.max"
+	KeyPollMaxRecords  = "poll.max.records"
+	KeyPollIntervalMS  = "poll.interval.ms"
+	KeyCleanupOnDelete = "cleanup.on.delete"
+
+	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
+	keyTaskTables = "task.tables"
+)
+
+// Plugin returns the pgaudit plugin.
+func Plugin() connect.Plugin {
+	return connect.Plugin{
+		Class:        Class,
+		Aliases:      []string{"io.tidyconnect.pgaudit.PgAuditSourceConnector", "PgAuditSourceConnector"},
+		NewConnector: func() connect.Connector { return &Connector{} },
+		NewTask:      func() connect.Task { return &Task{} },
+	}
+}
+
+var topicPrefixRE = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
+
+// ConfigDef is pgaudit's configuration definition.
+func ConfigDef() connect.ConfigDef {
+	return connect.ConfigDef{
+		{Name: KeyURL, Type: connect.TypeString, Required: true, Secret: true, Importance: connect.ImportanceHigh, Group: "Connection", Order: 1,
+			DisplayName: "PostgreSQL URL", Doc: "libpq URL or key=value DSN of the database to capture; its password is masked everywhere."},
+		{Name: KeyTables, Type: connect.TypeList, Required: true, Importance: connect.ImportanceHigh, Group: "Capture", Order: 2,
+			DisplayName: "Tables", Doc: `Comma-separated schema.table names to capture; a bare table means public. Names are taken literally (no case folding); double-quote a part that contains '.', ',' or '"' (doubling inner quotes).`,
+			Validate: func(v string) error { _, err := parseTables(v); return err }},
+		{Name: KeyTopicPrefix, Type: connect.TypeString, Required: true, Importance: connect.ImportanceHigh, Group: "Capture", Order: 3,
+			DisplayName: "Topic prefix", Doc: "Changes of schema.table go to topic <prefix>.<schema>.<table> (characters Kafka does not allow become '_').",
+			Validate: func(v string) error {
+				if !topicPrefixRE.MatchString(v) || len(v) > 200 {
+					return fmt.Errorf("use at most 200 characters of a-z, A-Z, 0-9, '.', '_' and '-'")
+				}
+				return nil
+			}},
+		{Name: KeyAuditSchema, Type: connect.TypeString, Default: "tidyconnect", Importance: connect.ImportanceMedium, Group: "Capture", Order: 4,
+			DisplayName: "Audit schema", Doc: "Schema holding the connector's audit table and trigger function; created (and then owned) if missing.",
+			Validate: func(v string) error {
+				if len(v) > 63 {
+					return fmt.Errorf("a PostgreSQL identifier has at most 63 bytes")
+				}
+				return nil
+			}},
+		{Name: KeyTasksMax, Type: connect.TypeInt, Default: "1", Importance: connect.ImportanceMedium, Group: "Capture", Order: 5,
+			DisplayName: "Max tasks", Doc: "Tables are spread over up to this many tasks.", Validate: positive},
+		{Name: KeyPollMaxRecords, Type: connect.TypeInt, Default: "1000", Importance: connect.ImportanceLow, Group: "Capture", Order: 6,
+			DisplayName: "Batch size", Doc: "At most this many changes per poll (one batch).", Validate: positive},
+		{Name: KeyPollIntervalMS, Type: connect.TypeInt, Default: "1000", Importance: connect.ImportanceLow, Group: "Capture", Order: 7,
+			DisplayName: "Poll interval (ms)", Doc: "Fallback poll interval; wake-ups come from LISTEN/NOTIFY.", Validate: positive},
+		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
+			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, function, audit table and (if owned and empty) schema when the connector is deleted; false keeps everything."},
+	}
+}
+
+func positive(v string) error {
+	var n int
+	if _, err := fmt.Sscan(strings.TrimSpace(v), &n); err != nil || n < 1 {
+		return fmt.Errorf("must be a positive integer")
+	}
+	return nil
+}
+
+// settings is a parsed, checked configuration.
+type settings struct {
+	name         string
+	url          string
+	tables       []tableName
+	topicPrefix  string
+	auditSchema  string
+	tasksMax     int
+	pollMax      int
+	pollInterval int
+	cleanup      bool
+}
+
+// parseSettings checks cfg against ConfigDef and returns every problem,
+// keyed by configuration key.
+func parseSettings(name string, cfg connect.Config) (settings, map[string][]string) {
+	def := ConfigDef()
+	errs := def.Validate(cfg)
+	cfg = def.WithDefaults(cfg)
+	s := settings{name: name, url: cfg[KeyURL], topicPrefix: cfg[KeyTopicPrefix], auditSchema: cfg[KeyAuditSchema]}
+	if name == "" {
+		errs["name"] = append(errs["name"], "the connector name is missing")
+	}
+	if len(errs[KeyTables]) == 0 {
+		s.tables, _ = parseTables(cfg[KeyTables])
+	}
+	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
+	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
+	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)
+	s.cleanup, _ = cfg.Bool(KeyCleanupOnDelete, true)
+	for k, v := range errs {
+		if len(v) == 0 {
+			delete(errs, k)
+		}
+	}
+	return s, errs
+}
+
+// configError turns per-key messages into one error naming every bad key.
+func configError(errs map[string][]string) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	var parts []string
+	for _, k := range sortedKeys(errs) {
+		parts = append(parts, k+": "+strings.Join(errs[k], "; "))
+	}
+	return fmt.Errorf("invalid pgaudit configuration (fix these keys): %s", strings.Join(parts, " | "))
+}
+
+// names are the identifiers of one connector's objects, derived from the
+// connector name.
+type names struct {
+	base     string // sanitized prefix + hash, <= 48 bytes
+	table    string // audit table
+	function string
+	channel  string // LISTEN/NOTIFY channel
+	marker   string // comment marking owned objects
+}
+
+// maxBase leaves room for the longest suffix ("_trunc", "tidyconnect_"
+// prefix of the channel) within PostgreSQL's 63-byte identifiers.
+const maxBase = 48
+
+// objectNames derives collision-free names: the sanitized connector name,
+// truncated, plus a hash of the full name, so names that differ only after
+// the truncation point (or only in characters the sanitizing replaced) still
+// differ.
+func objectNames(connector string) names {
+	var b strings.Builder
+	for _, r := range strings.ToLower(connector) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	sum := sha256.Sum256([]byte(connector))
+	h := hex.EncodeToString(sum[:])[:10]
+	prefix := b.String()
+	if len(prefix) > maxBase-len(h)-1 {
+		prefix = prefix[:maxBase-len(h)-1]
+	}
+	base := prefix + "_" + h
+	return names{
+		base:     base,
+		table:    base + "_audit",
+		function: base + "_capture",
+		channel:  "tidyconnect_" + base,
+		marker:   "tidyconnect:" + connector,
+	}
+}
+
+// Trigger names on every captured table, per event.
+var triggerEvents = []string{"INSERT", "UPDATE", "DELETE", "TRUNCATE"}
+
+func (n names) trigger(event string) string {
+	switch event {
+	case "INSERT":
+		return n.base + "_ins"
+	case "UPDATE":
+		return n.base + "_upd"
+	case "DELETE":
+		return n.base + "_del"
+	default:
+		return n.base + "_trunc"
+	}
+}
+
+func versionString() string { return version.Version }

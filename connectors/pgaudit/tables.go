@@ -1,0 +1,241 @@
+package pgaudit
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// tableName is a captured table. Names are literal (case preserved).
+type tableName struct {
+	Schema, Name string
+}
+
+func (t tableName) String() string { return t.Schema + "." + t.Name }
+
+// quoted is the SQL form, safe to splice into a statement.
+func (t tableName) quoted() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// parseTables parses the tables list: items separated by commas, each
+// [schema.]table; a part may be double-quoted (with "" for a quote) to hold
+// '.', ',' or a leading '"'. Unquoted parts are taken literally.
+func parseTables(s string) ([]tableName, error) {
+	var (
+		out  []tableName
+		bad  []string
+		seen = map[tableName]bool{}
+	)
+	items, err := splitTopLevel(s)
+	if err != nil {
+		return nil, err
+	}
+	for _, item := range items {
+		parts, err := splitParts(item)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%q: %v", item, err))
+			continue
+		}
+		var t tableName
+		switch len(parts) {
+		case 1:
+			t = tableName{"public", parts[0]}
+		case 2:
+			t = tableName{parts[0], parts[1]}
+		default:
+			bad = append(bad, fmt.Sprintf("%q: expected schema.table or table, got %d dot-separated parts (quote a name that contains '.')", item, len(parts)))
+			continue
+		}
+		if len(t.Schema) > 63 || len(t.Name) > 63 {
+			bad = append(bad, fmt.Sprintf("%q: a PostgreSQL identifier has at most 63 bytes", item))
+			continue
+		}
+		if seen[t] {
+			bad = append(bad, fmt.Sprintf("%q: listed twice", item))
+			continue
+		}
+		seen[t] = true
+		out = append(out, t)
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("malformed table list: %s", strings.Join(bad, "; "))
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no table given: list schema.table names separated by commas")
+	}
+	return out, nil
+}
+
+// splitTopLevel splits on commas outside double quotes, trimming spaces.
+// Empty items are errors (a stray comma is a typo worth reporting).
+func splitTopLevel(s string) ([]string, error) {
+	var (
+		items []string
+		cur   strings.Builder
+		inQ   bool
+	)
+	flush := func() error {
+		item := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if item == "" {
+			return fmt.Errorf("malformed table list %q: empty item between commas", s)
+		}
+		items = append(items, item)
+		return nil
+	}
+	for _, r := range s {
+		switch {
+		case r == '"' && (inQ || partStart(cur.String())):
+			inQ = !inQ // a doubled quote toggles twice: still inside
+			cur.WriteRune(r)
+		case r == ',' && !inQ:
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if inQ {
+		return nil, fmt.Errorf("malformed table list %q: unterminated double quote", s)
+	}
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+// partStart reports whether a quote after sofar would open a quoted part:
+// only at the start of a name; elsewhere a quote is a literal character.
+func partStart(sofar string) bool {
+	t := strings.TrimRight(sofar, " \t")
+	if t == "" || strings.HasSuffix(t, ".") {
+		return true
+	}
+	// After a closed quoted part a further quote is part of a doubled pair,
+	// which the toggling handles.
+	return strings.HasSuffix(t, `"`) && strings.Count(t, `"`)%2 == 0 && quotedAtEnd(t)
+}
+
+// quotedAtEnd reports whether t ends with a complete quoted part.
+func quotedAtEnd(t string) bool {
+	i := strings.LastIndexByte(t, '.')
+	return strings.HasPrefix(strings.TrimSpace(t[i+1:]), `"`)
+}
+
+// splitParts splits one item on dots outside double quotes and unquotes.
+func splitParts(item string) ([]string, error) {
+	var parts []string
+	rest := item
+	for {
+		rest = strings.TrimSpace(rest)
+		var part string
+		if strings.HasPrefix(rest, `"`) {
+			var b strings.Builder
+			i := 1
+			closed := false
+			for i < len(rest) {
+				if rest[i] == '"' {
+					if i+1 < len(rest) && rest[i+1] == '"' {
+						b.WriteByte('"')
+						i += 2
+						continue
+					}
+					closed = true
+					i++
+					break
+				}
+				b.WriteByte(rest[i])
+				i++
+			}
+			if !closed {
+				return nil, fmt.Errorf("unterminated double quote")
+			}
+			part = b.String()
+			rest = strings.TrimSpace(rest[i:])
+			if rest != "" && rest[0] != '.' {
+				return nil, fmt.Errorf("unexpected %q after a quoted name", rest)
+			}
+		} else {
+			i := strings.IndexByte(rest, '.')
+			if i < 0 {
+				part, rest = strings.TrimSpace(rest), ""
+			} else {
+				part, rest = strings.TrimSpace(rest[:i]), rest[i:]
+			}
+		}
+		if part == "" {
+			return nil, fmt.Errorf("empty schema or table name")
+		}
+		parts = append(parts, part)
+		if rest == "" {
+			return parts, nil
+		}
+		rest = rest[1:] // the dot
+		if strings.TrimSpace(rest) == "" {
+			return nil, fmt.Errorf("empty name after '.'")
+		}
+	}
+}
+
+// formatTables is the inverse of parseTables, quoting every part.
+func formatTables(ts []tableName) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.quoted()
+	}
+	return strings.Join(parts, ",")
+}
+
+// topicName is <prefix>.<schema>.<table> with characters Kafka rejects
+// replaced by '_' and the length capped at Kafka's 249.
+func topicName(prefix string, t tableName) string {
+	b := []byte(prefix + "." + t.Schema + "." + t.Name)
+	for i, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !ok {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 249 {
+		b = b[:249]
+	}
+	return string(b)
+}
+
+// quoteLiteral quotes s as an SQL string literal, safe whatever
+// standard_conforming_strings says (as lib/pq's QuoteLiteral).
+func quoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, `'`, `''`)
+	if strings.Contains(s, `\`) {
+		return ` E'` + strings.ReplaceAll(s, `\`, `\\`) + `'`
+	}
+	return `'` + s + `'`
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// parseQualified parses a location written by location(): db/"schema" or
+// db/"schema"."table".
+func parseQualified(loc string) (db string, parts []string, err error) {
+	i := strings.Index(loc, `/"`)
+	if i < 0 {
+		return "", nil, fmt.Errorf("ledger location %q is not db/\"schema\"[.\"table\"]", loc)
+	}
+	parts, err = splitParts(loc[i+1:])
+	if err != nil {
+		return "", nil, fmt.Errorf("ledger location %q: %w", loc, err)
+	}
+	return loc[:i], parts, nil
+}

@@ -1,0 +1,11 @@
+-- The trigger function, shared by every captured table of the connector.
+-- Statement-level: the changed rows come from the transition tables
+-- tidyconnect_old / tidyconnect_new (see docs/decisions/0040). UPDATE pairs
+-- old and new images by their position in the transition tables, which
+-- PostgreSQL fills in step (one old and one new tuple per updated row).
+-- SECURITY DEFINER so that writers of the captured tables need no privilege
+-- on the audit table; the fixed search_path keeps that safe.
+CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS {{.Body}};
+COMMENT ON FUNCTION {{.Function}}() IS {{.Marker}};

@@ -1,0 +1,1 @@
+DROP TRIGGER IF EXISTS {{.Trigger}} ON {{.Captured}};
