@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -46,7 +47,7 @@ func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
 
 	// Tasks first, each Stop(true) then Stopped, all before the connector's
 	// Stop(true) (contract rule 5).
-	taskErrs := h.stopTasksLocked(ctx, c, nil, true)
+	taskErrs := h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), true)
 	h.runHook(hookTasksStopped, c.name)
 	in.Phase = store.PhaseStoppingConnector
 	h.putPhase(ctx, c, &in)

@@ -458,11 +458,8 @@ func (h *Standalone) saveTopics(ctx context.Context, c *conn) {
 	}
 }
 
-// stopTasksLocked stops the given tasks (all when ids is nil) and waits.
+// stopTasksLocked stops the given tasks and waits.
 func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.TaskID, deleted bool) map[worker.TaskID]error {
-	if ids == nil {
-		ids = slices.Clone(c.tasks)
-	}
 	if len(ids) == 0 {
 		return nil
 	}
@@ -492,7 +489,7 @@ func (h *Standalone) stopConnectorLocked(ctx context.Context, c *conn, deleted b
 
 // stopAllLocked stops tasks, then the connector, never as a deletion.
 func (h *Standalone) stopAllLocked(ctx context.Context, c *conn) {
-	h.stopTasksLocked(ctx, c, nil, false)
+	h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
 	_ = h.stopConnectorLocked(ctx, c, false)
 }
 
@@ -837,7 +834,7 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 				h.setFailure(c, fmt.Sprintf("generating task configs: %v", err))
 			case !sameConfigs(cfgs, old) || len(c.tasks) < len(old):
 				// New task configs: every task restarts with them.
-				h.stopTasksLocked(ctx, c, nil, false)
+				h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
 				tasks := make([]connect.Config, len(cfgs))
 				for i, tc := range cfgs {
 					tasks[i] = connect.Config(tc).Clone()
@@ -957,9 +954,9 @@ func (h *Standalone) statusOf(c *conn) ConnectorStatus {
 		s = worker.Status{State: worker.StateFailed, Trace: trace}
 	case failure != "":
 		s = worker.Status{State: worker.StateFailed, Trace: failure}
-	case ok:
 	case rec.Target == worker.TargetStopped:
 		s = worker.Status{State: worker.StateStopped}
+	case ok:
 	default:
 		s = worker.Status{State: worker.StateUnassigned}
 	}

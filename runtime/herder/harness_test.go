@@ -1,0 +1,224 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// Worker kinds the herder tests run against.
+const (
+	kindSync = "sync" // syncWorker: the herder's decisions alone
+	kindReal = "real" // runtime/worker with Kafka (kfake in-process)
+)
+
+var workerKinds = []string{kindSync, kindReal}
+
+// flakyClass is a sample source whose connector's Stopped fails while
+// failCleanup is set, for cleanup-failure tests.
+const flakyClass = "flaky-source"
+
+var failCleanup atomic.Bool
+
+type flakyConnector struct{ connect.Connector }
+
+func (f *flakyConnector) Stopped(ctx context.Context) error {
+	if failCleanup.Load() {
+		return errors.New("flaky-source: cleanup failed (database down, say)")
+	}
+	return f.Connector.Stopped(ctx)
+}
+
+func testPlugins(t testing.TB, rec *sampleconn.Recorder) *plugins.Registry {
+	t.Helper()
+	ps := sampleconn.Plugins(rec)
+	src := ps[0]
+	flaky := connect.Plugin{
+		Class:        flakyClass,
+		NewConnector: func() connect.Connector { return &flakyConnector{src.NewConnector()} },
+		NewTask:      src.NewTask,
+	}
+	reg, err := plugins.New(append(ps, flaky)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+type harness struct {
+	t       testing.TB
+	kind    string
+	dir     string
+	rec     *sampleconn.Recorder
+	reg     *plugins.Registry
+	seeds   []string
+	st      *store.File
+	h       *Standalone
+	adm     *kadm.Client
+	extra   []Option
+	closeFn func()
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("HERDER_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// newHarness starts a herder on dir. seeds may be nil for the sync worker.
+func newHarness(t testing.TB, kind, dir string, rec *sampleconn.Recorder, seeds []string, extra ...Option) *harness {
+	t.Helper()
+	if kind == kindReal && seeds == nil {
+		seeds = testenv.KafkaBrokers(t)
+	}
+	hs := &harness{t: t, kind: kind, dir: dir, rec: rec, reg: testPlugins(t, rec), seeds: seeds, extra: extra}
+	hs.start()
+	return hs
+}
+
+func (hs *harness) start() {
+	t := hs.t
+	t.Helper()
+	st, err := store.OpenFile(hs.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs.st = st
+	log := testLogger(t)
+	var newWorker NewWorkerFunc
+	switch hs.kind {
+	case kindSync:
+		newWorker = func(l worker.StatusListener) (Worker, error) { return newSyncWorker(hs.reg, l), nil }
+	case kindReal:
+		newWorker = func(l worker.StatusListener) (Worker, error) {
+			w, err := worker.New(worker.WithID("test:8083"), worker.WithPlugins(hs.reg), worker.WithOffsetStore(st),
+				worker.WithKafka(hs.seeds), worker.WithLogger(log), worker.WithStatusListener(l),
+				worker.WithGracefulTimeout(3*time.Second))
+			if err != nil {
+				return nil, err
+			}
+			return w, nil
+		}
+		if hs.adm == nil {
+			cl, err := kgo.NewClient(kgo.SeedBrokers(hs.seeds...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cl.Close)
+			hs.adm = kadm.NewClient(cl)
+		}
+	}
+	opts := []Option{WithStore(st), WithPlugins(hs.reg), WithWorker(newWorker), WithLogger(log), WithDeletionRetry(time.Hour, time.Hour)}
+	if hs.adm != nil {
+		opts = append(opts, WithKafkaAdmin(hs.adm))
+	}
+	h, err := NewStandalone(testCtx(t), append(opts, hs.extra...)...)
+	if err != nil {
+		st.Close()
+		if strings.Contains(err.Error(), "not implemented") {
+			t.Skipf("runtime/worker is not implemented yet: %v", err)
+		}
+		t.Fatalf("NewStandalone: %v", err)
+	}
+	hs.h = h
+	closed := false
+	hs.closeFn = func() {
+		if closed {
+			return
+		}
+		closed = true
+		if err := h.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		st.Close()
+	}
+	t.Cleanup(hs.closeFn)
+}
+
+// restart closes the herder (as on SIGTERM) and starts a new one on the
+// same data directory.
+func (hs *harness) restart() {
+	hs.t.Helper()
+	hs.closeFn()
+	hs.start()
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func awaitCtx(t testing.TB) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 20*time.Second)
+}
+
+// sourceConfig is a sample source config with n tasks owning resource r.
+func sourceConfig(topic string, tasks int, extra ...string) connect.Config {
+	cfg := connect.Config{
+		KeyConnectorClass:       sampleconn.SourceClass,
+		KeyTasksMax:             itoa(tasks),
+		sampleconn.KeyTopic:     topic,
+		sampleconn.KeyCount:     "-1",
+		sampleconn.KeyRate:      "200",
+		sampleconn.KeyResources: "r1",
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		cfg[extra[i]] = extra[i+1]
+	}
+	return cfg
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// awaitRunning waits until the connector and its n tasks were started.
+func (hs *harness) awaitRunning(name string, n int) {
+	hs.t.Helper()
+	ctx, cancel := awaitCtx(hs.t)
+	defer cancel()
+	err := hs.rec.Await(ctx, func(r *sampleconn.Recorder) bool {
+		st, err := hs.h.ConnectorStatus(context.Background(), name)
+		if err != nil || st.Connector.State != worker.StateRunning || len(st.Tasks) != n {
+			return false
+		}
+		for _, ts := range st.Tasks {
+			if ts.State != worker.StateRunning {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil {
+		st, serr := hs.h.ConnectorStatus(context.Background(), name)
+		hs.t.Fatalf("connector %s not RUNNING with %d RUNNING tasks: %v (status %+v, %v)", name, n, err, st, serr)
+	}
+}
+
+// pollUntil polls cond until it holds or the deadline passes.
+func pollUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
