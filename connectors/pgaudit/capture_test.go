@@ -1,0 +1,225 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// jsonOf normalizes a Go value to what json.Decoder with UseNumber yields.
+func jsonOf(t testing.TB, v string) any {
+	t.Helper()
+	var out any
+	d := json.NewDecoder(strings.NewReader(v))
+	d.UseNumber()
+	if err := d.Decode(&out); err != nil {
+		t.Fatalf("%s: %v", v, err)
+	}
+	return out
+}
+
+func TestCaptureColumnTypes(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "typed")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, t text, n numeric(12,3), ts timestamptz, j jsonb, b bytea, a int[], z text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("types-"), url, auditSchemaFor(t, db), s+".typed"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'héllo "q"', 1234.5, '2026-01-02 03:04:05+00', '{"k":[1,true,null]}', '\xdeadbeef', '{1,2,NULL}', NULL)`)
+	mustExec(t, db, `UPDATE `+tbl+` SET t = NULL, n = -0.001, a = '{}' WHERE id = 1`)
+	mustExec(t, db, `DELETE FROM `+tbl+` WHERE id = 1`)
+	mustExec(t, db, `INSERT INTO `+tbl+` (id) VALUES (2)`)
+	mustExec(t, db, `TRUNCATE `+tbl)
+
+	got := r.collect(5, true)
+	r.quiet()
+
+	full := `{"id":1,"t":"héllo \"q\"","n":1234.500,"ts":"2026-01-02T03:04:05+00:00","j":{"k":[1,true,null]},"b":"\\xdeadbeef","a":[1,2,null],"z":null}`
+	updated := `{"id":1,"t":null,"n":-0.001,"ts":"2026-01-02T03:04:05+00:00","j":{"k":[1,true,null]},"b":"\\xdeadbeef","a":[],"z":null}`
+	tests := []struct {
+		op            string
+		key           string
+		before, after string
+	}{
+		{"c", `{"id":1}`, "null", full},
+		{"u", `{"id":1}`, full, updated},
+		{"d", `{"id":1}`, updated, "null"},
+		{"c", `{"id":2}`, "null", `{"id":2,"t":null,"n":null,"ts":null,"j":null,"b":null,"a":null,"z":null}`},
+		{"t", "null", "null", "null"},
+	}
+	var lastSeq int64
+	for i, tt := range tests {
+		c := got[i]
+		if c.Op != tt.op {
+			t.Errorf("change %d: op %q, want %q", i, c.Op, tt.op)
+		}
+		if k := jsonOf(t, tt.key); !reflect.DeepEqual(anyMap(c.Key), k) {
+			t.Errorf("change %d: key %v, want %v", i, c.Key, k)
+		}
+		if b := jsonOf(t, tt.before); !reflect.DeepEqual(anyMap(c.Before), b) {
+			t.Errorf("change %d (%s): before\n got %v\nwant %v", i, tt.op, c.Before, b)
+		}
+		if a := jsonOf(t, tt.after); !reflect.DeepEqual(anyMap(c.After), a) {
+			t.Errorf("change %d (%s): after\n got %v\nwant %v", i, tt.op, c.After, a)
+		}
+		if c.Topic != "tc."+s+".typed" || c.Source.Schema != s || c.Source.Table != "typed" || c.Source.Connector != r.name || c.Source.DB != "test" {
+			t.Errorf("change %d: topic %q source %+v", i, c.Topic, c.Source)
+		}
+		if c.Source.TxID == 0 || c.TsMS == 0 || c.Source.Seq <= lastSeq {
+			t.Errorf("change %d: txid %d ts_ms %d seq %d (previous seq %d)", i, c.Source.TxID, c.TsMS, c.Source.Seq, lastSeq)
+		}
+		lastSeq = c.Source.Seq
+	}
+	// Delivered rows are purged.
+	var left int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM `+qualified(r.cfg[KeyAuditSchema], objectNames(r.name).table)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d delivered rows left in the audit table", left)
+	}
+}
+
+// anyMap returns m as any, with a nil map as nil (JSON null).
+func anyMap(m map[string]any) any {
+	if m == nil {
+		return nil
+	}
+	return any(m)
+}
+
+// TestUpdatePairing: a bulk UPDATE that shifts primary keys pairs every
+// before image with its own after image, and a table without a primary key
+// gets null keys.
+func TestUpdatePairing(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "k")+` (id int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, v int)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "nokey")+` (v int, w text)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "k")+` SELECT g, g * 10 FROM generate_series(1, 50) g`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "nokey")+` SELECT g, 'x' || g FROM generate_series(1, 50) g`)
+	r := startConnector(t, baseConfig(testenv.Unique("pair-"), url, auditSchemaFor(t, db), s+".k", s+".nokey"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `UPDATE `+qualified(s, "k")+` SET id = id + 1`) // the classic trap for pairing by key
+	mustExec(t, db, `UPDATE `+qualified(s, "nokey")+` SET v = v * 2`)
+	got := r.collect(100, true)
+	for _, c := range got {
+		if c.Op != "u" {
+			t.Fatalf("op %q", c.Op)
+		}
+		b, _ := c.Before["v"].(json.Number).Int64()
+		a, _ := c.After["v"].(json.Number).Int64()
+		switch c.Source.Table {
+		case "k":
+			bid, _ := c.Before["id"].(json.Number).Int64()
+			aid, _ := c.After["id"].(json.Number).Int64()
+			if aid != bid+1 || a != b || b != bid*10 {
+				t.Errorf("mispaired update: before %v after %v", c.Before, c.After)
+			}
+			if kid, _ := c.Key["id"].(json.Number).Int64(); kid != aid {
+				t.Errorf("key %v, want the new primary key %d", c.Key, aid)
+			}
+		case "nokey":
+			if a != 2*b || c.Before["w"] != c.After["w"] || c.Key != nil {
+				t.Errorf("mispaired update without a key: before %v after %v key %v", c.Before, c.After, c.Key)
+			}
+		}
+	}
+}
+
+// TestOutOfOrderCommit: a transaction holding lower audit ids commits after
+// a later one; nothing is skipped.
+func TestOutOfOrderCommit(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "events")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, who text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("ooo-"), url, auditSchemaFor(t, db), s+".events"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	ctx := testCtx(t)
+
+	early, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = early.Rollback(ctx) }()
+	if _, err := early.Exec(ctx, `INSERT INTO `+tbl+` SELECT g, 'early' FROM generate_series(1, 5) g`); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g, 'late' FROM generate_series(6, 10) g`) // commits first
+	first := r.collect(5, true)
+	for _, c := range first {
+		if c.After["who"] != "late" {
+			t.Fatalf("got %v before the early transaction committed", c.After)
+		}
+	}
+	if err := early.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := r.collect(5, true)
+	ids := []int64{}
+	for _, c := range append(first, second...) {
+		id, _ := c.After["id"].(json.Number).Int64()
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	if want := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}; !slices.Equal(ids, want) {
+		t.Fatalf("captured ids %v, want %v", ids, want)
+	}
+	r.quiet()
+}
+
+// TestRestartResumes: Stop(false) in the middle of a stream keeps the
+// triggers and the undelivered rows; the next instance delivers them.
+func TestRestartResumes(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "stream")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	ledger := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("restart-"), url, auditSchemaFor(t, db), s+".stream")
+	cfg[KeyPollMaxRecords] = "30"
+	r := startConnector(t, cfg, ledger)
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(1, 100) g`)
+	acked := r.collect(30, true)
+	// One more batch is polled but never acknowledged: Kafka did not ack it.
+	ctx, cancel := context.WithTimeout(context.Background(), 5e9)
+	unacked, err := r.tasks[0].Poll(ctx)
+	cancel()
+	if err != nil || len(unacked) == 0 {
+		t.Fatalf("Poll: %d records, %v", len(unacked), err)
+	}
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	if n := triggerCount(t, db, s, "stream"); n != 4 {
+		t.Fatalf("%d triggers after a plain stop, want 4", n)
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(101, 120) g`) // while stopped
+	r2 := startConnector(t, cfg, ledger)
+	defer func() { _ = r2.stop(true) }()
+	rest := r2.collect(90, true)
+	r2.quiet()
+	seen := map[int64]int{}
+	for _, c := range append(acked, rest...) {
+		id, _ := c.After["id"].(json.Number).Int64()
+		seen[id]++
+	}
+	for id := int64(1); id <= 120; id++ {
+		if seen[id] != 1 {
+			t.Errorf("id %d delivered %d times", id, seen[id])
+		}
+	}
+}

@@ -1,0 +1,255 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// admin is a pool for the test's own setup and checks.
+func admin(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	url := testenv.PostgresURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", testenv.PostgresEnv, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, url
+}
+
+func mustExec(t testing.TB, db *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// newSchema creates a unique schema dropped at cleanup.
+func newSchema(t testing.TB, db *pgxpool.Pool) string {
+	t.Helper()
+	s := testenv.Unique("pga_t_")
+	mustExec(t, db, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+	})
+	return s
+}
+
+// auditSchemaFor returns a unique audit schema name whose leftovers are
+// dropped at cleanup (the test asserts what the connector dropped first).
+func auditSchemaFor(t testing.TB, db *pgxpool.Pool) string {
+	s := testenv.Unique("pga_audit_")
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+	})
+	return s
+}
+
+func baseConfig(name, url, auditSchema string, tables ...string) connect.Config {
+	return connect.Config{
+		"name":             name,
+		"connector.class":  Class,
+		KeyURL:             url,
+		KeyTables:          strings.Join(tables, ","),
+		KeyTopicPrefix:     "tc",
+		KeyAuditSchema:     auditSchema,
+		KeyPollIntervalMS:  "200",
+		KeyPollMaxRecords:  "100",
+		KeyCleanupOnDelete: "true",
+	}
+}
+
+func testHost(name string, task int, l connect.Ledger) *connect.Host {
+	lg := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return &connect.Host{Connector: name, Task: task, Logger: lg.With("connector", name, "task", task), Ledger: l, RequestTaskReconfiguration: func() {}}
+}
+
+// running is a connector and its tasks driven as the worker drives them.
+type running struct {
+	t      testing.TB
+	name   string
+	cfg    connect.Config
+	ledger connect.Ledger
+	conn   *Connector
+	tasks  []*Task
+}
+
+func startConnector(t testing.TB, cfg connect.Config, l connect.Ledger) *running {
+	t.Helper()
+	r, err := tryStart(t, cfg, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func tryStart(t testing.TB, cfg connect.Config, l connect.Ledger) (*running, error) {
+	t.Helper()
+	r := &running{t: t, name: cfg["name"], cfg: cfg, ledger: l, conn: &Connector{}}
+	ctx := connect.WithHost(testCtx(t), testHost(r.name, -1, l))
+	if err := r.conn.Start(ctx, cfg); err != nil {
+		r.conn.Stop(false)
+		_ = r.conn.Stopped(ctx)
+		return nil, fmt.Errorf("connector Start: %w", err)
+	}
+	maxTasks, _ := cfg.Int(KeyTasksMax, 1)
+	tcs, err := r.conn.TaskConfigs(maxTasks)
+	if err != nil {
+		return nil, err
+	}
+	for i, tc := range tcs {
+		task := &Task{}
+		tctx := connect.WithHost(testCtx(t), testHost(r.name, i, l))
+		if err := task.Start(tctx, tc); err != nil {
+			task.Stop(false)
+			_ = task.Stopped(tctx)
+			r.stop(false)
+			return nil, fmt.Errorf("task %d Start: %w", i, err)
+		}
+		r.tasks = append(r.tasks, task)
+	}
+	return r, nil
+}
+
+func (r *running) stop(deleted bool) error {
+	var first error
+	for i, task := range r.tasks {
+		task.Stop(deleted)
+		if err := task.Stopped(connect.WithHost(testCtx(r.t), testHost(r.name, i, r.ledger))); err != nil && first == nil {
+			first = err
+		}
+	}
+	r.tasks = nil
+	r.conn.Stop(deleted)
+	if err := r.conn.Stopped(connect.WithHost(testCtx(r.t), testHost(r.name, -1, r.ledger))); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+// change is a decoded record.
+type change struct {
+	Topic  string
+	Key    map[string]any
+	Op     string         `json:"op"`
+	Before map[string]any `json:"before"`
+	After  map[string]any `json:"after"`
+	Source struct {
+		Connector string `json:"connector"`
+		DB        string `json:"db"`
+		Schema    string `json:"schema"`
+		Table     string `json:"table"`
+		TxID      uint64 `json:"txid"`
+		Seq       int64  `json:"seq"`
+	} `json:"source"`
+	TsMS int64 `json:"ts_ms"`
+}
+
+func decode(t testing.TB, rec connect.SourceRecord) change {
+	t.Helper()
+	var c change
+	d := json.NewDecoder(strings.NewReader(string(rec.Value)))
+	d.UseNumber()
+	if err := d.Decode(&c); err != nil {
+		t.Fatalf("record value %s is not the JSON envelope: %v", rec.Value, err)
+	}
+	c.Topic = rec.Topic
+	if rec.Key != nil {
+		d := json.NewDecoder(strings.NewReader(string(rec.Key)))
+		d.UseNumber()
+		if err := d.Decode(&c.Key); err != nil {
+			t.Fatalf("record key %s is not JSON: %v", rec.Key, err)
+		}
+	}
+	return c
+}
+
+// collect polls every task and commits what it got (as if Kafka
+// acknowledged at once) until done says it has enough, or fails at the
+// deadline.
+func (r *running) collect(want int, commit bool) []change {
+	r.t.Helper()
+	var out []change
+	deadline := time.Now().Add(30 * time.Second)
+	for len(out) < want {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("collected %d of %d changes before the deadline", len(out), want)
+		}
+		for _, task := range r.tasks {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			recs, err := task.Poll(ctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				r.t.Fatalf("Poll: %v", err)
+			}
+			for _, rec := range recs {
+				out = append(out, decode(r.t, rec))
+			}
+			if commit && len(recs) > 0 {
+				if err := task.Commit(context.Background(), recs); err != nil {
+					r.t.Fatalf("Commit: %v", err)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// quiet asserts that no further change arrives for a while.
+func (r *running) quiet() {
+	r.t.Helper()
+	for _, task := range r.tasks {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		recs, _ := task.Poll(ctx)
+		cancel()
+		if len(recs) > 0 {
+			r.t.Fatalf("unexpected extra change(s): %s", recs[0].Value)
+		}
+	}
+}
+
+// connections counts the connector's backends in pg_stat_activity.
+func connections(ctx context.Context, db *pgxpool.Pool, name string) (int, error) {
+	var n int
+	err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)`, ApplicationNamePrefix(name)).Scan(&n)
+	return n, err
+}
+
+// relExists reports whether schema.name exists.
+func relExists(t testing.TB, db *pgxpool.Pool, schema, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)`, schema, name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func triggerCount(t testing.TB, db *pgxpool.Pool, schema, table string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 AND NOT g.tgisinternal`, schema, table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func qualified(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }
