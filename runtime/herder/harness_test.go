@@ -117,12 +117,7 @@ func (hs *harness) start() {
 			return w, nil
 		}
 		if hs.adm == nil {
-			cl, err := kgo.NewClient(kgo.SeedBrokers(hs.seeds...))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(cl.Close)
-			hs.adm = kadm.NewClient(cl)
+			hs.adm = newAdmin(t, hs.seeds)
 		}
 	}
 	opts := []Option{WithStore(st), WithPlugins(hs.reg), WithWorker(newWorker), WithLogger(log), WithDeletionRetry(time.Hour, time.Hour)}
@@ -221,4 +216,14 @@ func pollUntil(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func newAdmin(t testing.TB, seeds []string) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
 }

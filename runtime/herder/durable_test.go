@@ -1,0 +1,313 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// Environment of the crash child process.
+const (
+	crashChildEnv = "TIDYCONNECT_HERDER_CRASH_CHILD"
+	crashDirEnv   = "TIDYCONNECT_HERDER_CRASH_DIR"
+	crashNameEnv  = "TIDYCONNECT_HERDER_CRASH_NAME"
+	crashKindEnv  = "TIDYCONNECT_HERDER_CRASH_KIND"
+	crashSeedsEnv = "TIDYCONNECT_HERDER_CRASH_SEEDS"
+	crashPointEnv = "TIDYCONNECT_HERDER_CRASH_POINT"
+)
+
+const crashTasks = 2
+
+// TestCrashChild is the process the crash test SIGKILLs: it creates a
+// connector, deletes it, and kills itself at the hook point. It does
+// nothing unless the parent test started it.
+func TestCrashChild(t *testing.T) {
+	if os.Getenv(crashChildEnv) == "" {
+		t.Skip("only run as the child of TestDurableDeletionAfterCrash")
+	}
+	point := os.Getenv(crashPointEnv)
+	kill := withHook(func(p, _ string) {
+		if p == point {
+			// Process death: nothing stops gracefully, no deferred code runs.
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	})
+	var seeds []string
+	if s := os.Getenv(crashSeedsEnv); s != "" {
+		seeds = strings.Split(s, ",")
+	}
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, os.Getenv(crashKindEnv), os.Getenv(crashDirEnv), rec, seeds, kill)
+	name := os.Getenv(crashNameEnv)
+	if _, err := hs.h.CreateConnector(testCtx(t), name, sourceConfig(name+"-topic", crashTasks), ""); err != nil {
+		t.Fatal(err)
+	}
+	hs.awaitRunning(name, crashTasks)
+	_ = hs.h.DeleteConnector(testCtx(t), name)
+	t.Fatal("the hook did not kill the process")
+}
+
+// TestDurableDeletionAfterCrash kills a herder process right after the
+// deletion intent was written (and, second case, after the tasks stopped),
+// then starts a new herder on the same data directory: it completes the
+// deletion with connectorDeleted=true and forgets the connector.
+func TestDurableDeletionAfterCrash(t *testing.T) {
+	if os.Getenv(crashChildEnv) != "" {
+		t.Skip("in the child")
+	}
+	for _, kind := range workerKinds {
+		for _, point := range []string{hookIntentWritten, hookTasksStopped} {
+			t.Run(kind+"/"+point, func(t *testing.T) {
+				dir := t.TempDir()
+				name := testenv.Unique("crash-")
+				var seeds []string
+				if kind == kindReal {
+					seeds = testenv.KafkaBrokers(t)
+				}
+				cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.v")
+				cmd.Env = append(os.Environ(), crashChildEnv+"=1", crashDirEnv+"="+dir, crashNameEnv+"="+name,
+					crashKindEnv+"="+kind, crashSeedsEnv+"="+strings.Join(seeds, ","), crashPointEnv+"="+point)
+				out, err := cmd.CombinedOutput()
+				if strings.Contains(string(out), "SKIP") && strings.Contains(string(out), "not implemented") {
+					t.Skipf("child skipped: %s", out)
+				}
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ProcessState.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+					t.Fatalf("child did not die by SIGKILL: %v\n%s", err, out)
+				}
+
+				st, err := store.OpenFile(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ins, _ := st.Intents(context.Background())
+				led, _ := st.Ledger(name).List(context.Background())
+				st.Close()
+				if len(ins) != 1 || ins[0].Connector != name {
+					t.Fatalf("intents after the crash = %+v, want the deletion of %s", ins, name)
+				}
+				if len(led) == 0 && point == hookIntentWritten {
+					t.Fatalf("ledger empty after the crash; the test needs owned resources")
+				}
+
+				// The external system outlives the process: recreate in the
+				// new recorder what the ledger lists.
+				rec := sampleconn.NewRecorder()
+				for _, r := range led {
+					rec.CreateResource(r.Name)
+				}
+				hs := newHarness(t, kind, dir, rec, seeds)
+				ctx := testCtx(t)
+				if names, _ := hs.h.Connectors(ctx); slices.Contains(names, name) {
+					t.Errorf("connector still listed after recovery: %v", names)
+				}
+				if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+					t.Errorf("status after recovery: %v, want ErrNotFound", err)
+				}
+				inst := sampleconn.ConnectorInstance(name)
+				calls := rec.CallsOf(inst)
+				if !slices.Contains(calls, "Stop(true)") || slices.Contains(calls, "Stop(false)") || calls[len(calls)-1] != "Stopped" {
+					t.Errorf("recovery instance calls = %v, want Stop(true) only, Stopped last", calls)
+				}
+				for i := range crashTasks {
+					if got := rec.CallsOf(sampleconn.TaskInstance(name, i)); len(got) != 0 {
+						t.Errorf("task %d was started during recovery: %v", i, got)
+					}
+				}
+				if res := rec.Resources(); len(res) != 0 {
+					t.Errorf("resources left after recovery: %v", res)
+				}
+				for what, empty := range map[string]bool{
+					"intents": func() bool { x, _ := hs.st.Intents(ctx); return len(x) == 0 }(),
+					"config":  func() bool { _, ok, _ := hs.st.Connector(ctx, name); return !ok }(),
+					"ledger":  func() bool { x, _ := hs.st.Ledger(name).List(ctx); return len(x) == 0 }(),
+					"offsets": func() bool { x, _ := hs.st.AllOffsets(ctx, name); return len(x) == 0 }(),
+				} {
+					if !empty {
+						t.Errorf("%s not forgotten after recovery", what)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestRestartAfterClose: after Close (SIGTERM) and a new herder on the same
+// data directory, connectors resume in their target states with their
+// resources intact, having received Stop(false) only; sources resume from
+// their offsets.
+func TestRestartAfterClose(t *testing.T) {
+	for _, kind := range workerKinds {
+		t.Run(kind, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			hs := newHarness(t, kind, t.TempDir(), rec, nil)
+			ctx := testCtx(t)
+			running, paused, stopped := testenv.Unique("run-"), testenv.Unique("pause-"), testenv.Unique("stop-")
+			topic := testenv.Unique("t-")
+			for name, target := range map[string]worker.TargetState{running: worker.TargetRunning, paused: worker.TargetPaused, stopped: worker.TargetStopped} {
+				if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(topic, 1), target); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hs.awaitRunning(running, 1)
+			if kind == kindReal {
+				awaitCommitted(t, rec, running, 20)
+			}
+			resBefore := rec.Resources()
+			ledBefore, _ := hs.st.Ledger(running).List(ctx)
+			committedBefore := len(rec.Committed(running))
+
+			hs.restart()
+
+			for _, inst := range []string{sampleconn.ConnectorInstance(running), sampleconn.TaskInstance(running, 0), sampleconn.ConnectorInstance(paused), sampleconn.TaskInstance(paused, 0)} {
+				got := stopCalls(rec, inst)
+				if len(got) == 0 || slices.ContainsFunc(got, func(s string) bool { return s != "Stop(false)" }) {
+					t.Errorf("%s got %v at shutdown, want Stop(false) only", inst, got)
+				}
+			}
+			if got := rec.CallsOf(sampleconn.ConnectorInstance(stopped)); len(got) != 0 {
+				t.Errorf("a STOPPED connector was started: %v", got)
+			}
+			hs.awaitRunning(running, 1)
+			pollUntil(t, "paused connector PAUSED after restart", func() bool {
+				st, _ := hs.h.ConnectorStatus(ctx, paused)
+				return st.Connector.State == worker.StatePaused
+			})
+			if st, _ := hs.h.ConnectorStatus(ctx, stopped); st.Connector.State != worker.StateStopped {
+				t.Errorf("stopped connector after restart: %+v", st)
+			}
+			if res := rec.Resources(); !slices.Equal(res, resBefore) {
+				t.Errorf("resources after restart = %v, want %v", res, resBefore)
+			}
+			if led, _ := hs.st.Ledger(running).List(ctx); !slices.Equal(led, ledBefore) {
+				t.Errorf("ledger after restart = %v, want %v", led, ledBefore)
+			}
+			if kind == kindReal {
+				awaitCommitted(t, rec, running, committedBefore+10)
+				after := rec.Committed(running)[committedBefore]
+				if pos, _ := sampleconn.Position(after.SourceOffset); pos == 0 {
+					t.Errorf("source restarted from position 0 instead of its stored offset")
+				}
+			}
+		})
+	}
+}
+
+func awaitCommitted(t testing.TB, rec *sampleconn.Recorder, name string, n int) {
+	t.Helper()
+	ctx, cancel := awaitCtx(t)
+	defer cancel()
+	if err := rec.Await(ctx, func(r *sampleconn.Recorder) bool { return len(r.Committed(name)) >= n }); err != nil {
+		t.Fatalf("waiting for %d committed records of %s: %v (got %d)", n, name, err, len(rec.Committed(name)))
+	}
+}
+
+// TestSourceOffsetsEndpoints: reading works any time; altering and
+// resetting only while STOPPED.
+func TestSourceOffsetsEndpoints(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindSync, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	name := testenv.Unique("offs-")
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig("t", 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	part := map[string]any{"task": "0", "partition": "0"}
+	alter := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: part, Offset: map[string]any{"position": float64(41)}}}}
+	if err := hs.h.AlterOffsets(ctx, name, alter); !errors.Is(err, ErrNotStopped) {
+		t.Fatalf("alter while running: %v, want ErrNotStopped", err)
+	}
+	if err := hs.h.ResetOffsets(ctx, name); !errors.Is(err, ErrNotStopped) {
+		t.Fatalf("reset while running: %v, want ErrNotStopped", err)
+	}
+	if err := hs.h.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	bad := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: nil, Offset: map[string]any{"x": 1}}}}
+	var be *BadRequestError
+	if err := hs.h.AlterOffsets(ctx, name, bad); !errors.As(err, &be) {
+		t.Errorf("alter with an empty partition: %v, want BadRequestError", err)
+	}
+	if err := hs.h.AlterOffsets(ctx, name, alter); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hs.h.Offsets(ctx, name)
+	if err != nil || len(got.Offsets) != 1 || got.Offsets[0].Offset["position"] != float64(41) {
+		t.Fatalf("offsets after alter = %+v, %v", got, err)
+	}
+	// Resumed, the task continues after the altered offset.
+	if err := hs.h.Resume(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hs.awaitRunning(name, 1)
+	if err := hs.h.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.h.ResetOffsets(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := hs.h.Offsets(ctx, name); len(got.Offsets) != 0 {
+		t.Errorf("offsets after reset = %+v", got)
+	}
+	if _, err := hs.h.Offsets(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("offsets of an unknown connector: %v", err)
+	}
+}
+
+// TestSinkOffsetsEndpoints uses the consumer group connect-<name> on Kafka.
+func TestSinkOffsetsEndpoints(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	seeds := testenv.KafkaBrokers(t)
+	hs := &harness{t: t, kind: kindSync, dir: t.TempDir(), rec: rec, reg: testPlugins(t, rec), seeds: seeds}
+	hs.adm = newAdmin(t, seeds)
+	hs.start()
+	ctx := testCtx(t)
+	name := testenv.Unique("sink-")
+	topic := testenv.Unique("st-")
+	if _, err := hs.adm.CreateTopic(ctx, 2, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	cfg := connect.Config{KeyConnectorClass: sampleconn.SinkClass, KeyTopics: topic}
+	if _, err := hs.h.CreateConnector(ctx, name, cfg, worker.TargetStopped); err != nil {
+		t.Fatal(err)
+	}
+	alter := ConnectorOffsets{Offsets: []worker.SourceOffset{
+		{Partition: map[string]any{"kafka_topic": topic, "kafka_partition": float64(0)}, Offset: map[string]any{"kafka_offset": float64(5)}},
+		{Partition: map[string]any{"kafka_topic": topic, "kafka_partition": float64(1)}, Offset: map[string]any{"kafka_offset": float64(0)}},
+	}}
+	if err := hs.h.AlterOffsets(ctx, name, alter); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hs.h.Offsets(ctx, name)
+	if err != nil || len(got.Offsets) != 2 || got.Offsets[0].Offset["kafka_offset"] != int64(5) || got.Offsets[0].Partition["kafka_topic"] != topic {
+		t.Fatalf("sink offsets = %+v, %v", got, err)
+	}
+	bad := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: map[string]any{"kafka_partition": "x"}, Offset: map[string]any{"kafka_offset": -1}}}}
+	var be *BadRequestError
+	if err := hs.h.AlterOffsets(ctx, name, bad); !errors.As(err, &be) || !strings.Contains(be.Msg, "kafka_topic") || !strings.Contains(be.Msg, "kafka_partition") || !strings.Contains(be.Msg, "kafka_offset") {
+		t.Errorf("bad sink offsets: %v, want a BadRequestError naming every bad field", err)
+	}
+	if err := hs.h.ResetOffsets(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := hs.h.Offsets(ctx, name); len(got.Offsets) != 0 {
+		t.Errorf("sink offsets after reset = %+v", got)
+	}
+	// Deleting the connector deletes the group too (nothing to delete here,
+	// which must not fail the deletion).
+	if err := hs.h.DeleteConnector(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+}
