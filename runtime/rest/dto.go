@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -126,7 +127,7 @@ func taskState(s worker.State) string {
 }
 
 func taskStatusDTO(t herder.TaskStatus) taskStateDTO {
-	return taskStateDTO{ID: t.ID, State: taskState(t.State), WorkerID: t.WorkerID, Trace: t.Trace, Abandoned: t.Abandoned}
+	return taskStateDTO{ID: t.ID, State: taskState(t.State), WorkerID: t.WorkerID, Trace: scrub(t.Trace), Abandoned: t.Abandoned}
 }
 
 func statusDTO(s herder.ConnectorStatus) connectorStatusDTO {
@@ -134,7 +135,7 @@ func statusDTO(s herder.ConnectorStatus) connectorStatusDTO {
 		Name: s.Name,
 		Connector: connectorStateDTO{
 			State: connectorState(s.Connector.State), WorkerID: s.Connector.WorkerID,
-			Trace: s.Connector.Trace, Abandoned: s.Connector.Abandoned,
+			Trace: scrub(s.Connector.Trace), Abandoned: s.Connector.Abandoned,
 		},
 		Tasks: make([]taskStateDTO, 0, len(s.Tasks)),
 		Type:  typeName(s.Type),
@@ -143,7 +144,7 @@ func statusDTO(s herder.ConnectorStatus) connectorStatusDTO {
 		out.Tasks = append(out.Tasks, taskStatusDTO(t))
 	}
 	if d := s.Deletion; d != nil {
-		dd := &deletionDTO{Phase: d.Phase, Remaining: resourcesDTO(d.Remaining), Error: d.Error, Attempts: d.Attempts}
+		dd := &deletionDTO{Phase: d.Phase, Remaining: resourcesDTO(d.Remaining), Error: scrub(d.Error), Attempts: d.Attempts}
 		if !d.StartedAt.IsZero() {
 			t := d.StartedAt.UTC()
 			dd.StartedAt = &t
@@ -332,4 +333,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeEmpty(w http.ResponseWriter, status int) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
+}
+
+var (
+	urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.\-]*://[^\s"'<>]+`)
+	dsnInText = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s;,]+)`)
+)
+
+// scrub masks credentials inside free text (error messages, traces): a
+// connector's error may quote a connection URL or DSN, and the text goes to
+// clients and to the log.
+func scrub(s string) string {
+	if !strings.Contains(s, "://") && !strings.Contains(strings.ToLower(s), "password") {
+		return s
+	}
+	s = urlInText.ReplaceAllStringFunc(s, connect.MaskCredentials)
+	return dsnInText.ReplaceAllString(s, "${1}"+connect.MaskedPassword)
 }

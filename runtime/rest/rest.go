@@ -273,7 +273,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		body.ErrorCode = http.StatusInternalServerError
 		body.Message = "Request timed out: " + err.Error()
 	}
-	if body.ErrorCode >= 500 {
+	body.Message = scrub(body.Message)
+	// A client that went away is no server error.
+	if body.ErrorCode >= 500 && r.Context().Err() == nil {
 		attrs := []slog.Attr{
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.Int("status", body.ErrorCode), slog.String("error", body.Message),

@@ -228,6 +228,14 @@ func TestEndpoints(t *testing.T) {
 		{name: "patch config renames", method: "PATCH", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"name":"other"}`, wantStatus: 400, wantMsg: []string{"name"}, wantCalls: []string{}},
 
+		{name: "credentials in herder errors are masked", prepare: func(f *fakeHerder) {
+			f.errs["ConnectorStatus"] = errors.New("status store at postgres://app:s3cret@db/x unreachable; password=s3cret rejected")
+		}, method: "GET", path: "/connectors/src/status", wantStatus: 500,
+			wantBody: `{"error_code":500,"message":"status store at postgres://app:xxxxx@db/x unreachable; password=xxxxx rejected"}`},
+		{name: "credentials in traces are masked", prepare: func(f *fakeHerder) {
+			f.connectors["src"].failed[1] = "dial amqp://guest:s3cret@mq:5672/: refused"
+		}, method: "GET", path: "/connectors/src/tasks/1/status", wantStatus: 200,
+			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"dial amqp://guest:xxxxx@mq:5672/: refused"}`},
 		// Routing.
 		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, wantMsg: []string{"no such endpoint"}},
 		{name: "unknown sub-route", method: "GET", path: "/connectors/src/bogus", wantStatus: 404},
