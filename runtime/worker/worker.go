@@ -3,25 +3,50 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/kafka"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 )
 
 // Worker runs connector and task instances. Create it with New; Close stops
 // everything it runs (never as a deletion) and waits.
 type Worker struct {
-	id      string
-	plugins *plugins.Registry
-	offsets OffsetStore
-	seeds   []string
-	kopts   []kgo.Opt
-	logger  *slog.Logger
-	listen  StatusListener
-	grace   time.Duration
+	id               string
+	plugins          *plugins.Registry
+	offsets          OffsetStore
+	seeds            []string
+	kopts            []kgo.Opt
+	logger           *slog.Logger
+	listen           StatusListener
+	grace            time.Duration
+	stoppedTimeout   time.Duration
+	flushInterval    time.Duration
+	maxInFlight      int
+	topicPartitions  int32
+	topicReplication int16
+	reconfigure      func(connector string)
+
+	adminOnce sync.Once
+	admin     *kgo.Client
+	adminErr  error
+	creator   *kafka.TopicCreator
+
+	mu         sync.Mutex
+	closed     bool
+	connectors map[string]*connInstance
+	tasks      map[TaskID]*taskInstance
+	topics     map[string]map[string]bool
+	wg         sync.WaitGroup // every task goroutine
 }
 
 // Opt configures a Worker.
@@ -34,10 +59,12 @@ func WithID(id string) Opt { return func(w *Worker) { w.id = id } }
 // WithPlugins sets the plugin registry. Required.
 func WithPlugins(r *plugins.Registry) Opt { return func(w *Worker) { w.plugins = r } }
 
-// WithOffsetStore sets where source offsets are stored. Required.
+// WithOffsetStore sets where source offsets are stored. Required for source
+// connectors.
 func WithOffsetStore(s OffsetStore) Opt { return func(w *Worker) { w.offsets = s } }
 
-// WithKafka sets the Kafka seed brokers and extra client options. Required.
+// WithKafka sets the Kafka seed brokers and extra client options. Required
+// for tasks.
 func WithKafka(seeds []string, opts ...kgo.Opt) Opt {
 	return func(w *Worker) { w.seeds, w.kopts = seeds, opts }
 }
@@ -53,63 +80,439 @@ func WithStatusListener(f StatusListener) Opt { return func(w *Worker) { w.liste
 // (task.shutdown.graceful.timeout.ms overrides it per connector).
 func WithGracefulTimeout(d time.Duration) Opt { return func(w *Worker) { w.grace = d } }
 
-var errNotImplemented = errors.New("worker: not implemented yet")
+// WithStoppedTimeout bounds each Stopped call, which may drop external
+// resources on a deletion (default 1 minute).
+func WithStoppedTimeout(d time.Duration) Opt { return func(w *Worker) { w.stoppedTimeout = d } }
+
+// WithOffsetFlushInterval sets the default of offset.flush.interval.ms
+// (60s, as Kafka Connect).
+func WithOffsetFlushInterval(d time.Duration) Opt { return func(w *Worker) { w.flushInterval = d } }
+
+// WithMaxInFlightRecords bounds, per source task, the records produced but
+// not yet acknowledged; Poll is not called while the bound is reached
+// (default 20000).
+func WithMaxInFlightRecords(n int) Opt { return func(w *Worker) { w.maxInFlight = n } }
+
+// WithTopicCreation sets the defaults of topic.creation.default.partitions
+// and topic.creation.default.replication.factor for topics source tasks
+// produce to; -1 means the broker's default (the default).
+func WithTopicCreation(partitions int32, replicationFactor int16) Opt {
+	return func(w *Worker) { w.topicPartitions, w.topicReplication = partitions, replicationFactor }
+}
+
+// WithTaskReconfigurationHandler sets what connect.Host's
+// RequestTaskReconfiguration calls (the herder re-reads TaskConfigs).
+func WithTaskReconfigurationHandler(f func(connector string)) Opt {
+	return func(w *Worker) { w.reconfigure = f }
+}
+
+// Errors callers can test with errors.Is.
+var (
+	ErrUnknownPlugin = errors.New("unknown connector plugin")
+	ErrNotRunning    = errors.New("instance is not running on this worker")
+	ErrAlreadyExists = errors.New("instance already runs on this worker")
+	ErrClosed        = errors.New("worker is closed")
+)
 
 // New returns a Worker.
 func New(opts ...Opt) (*Worker, error) {
-	w := &Worker{grace: 5 * time.Second, logger: slog.Default()}
+	w := &Worker{
+		grace:            5 * time.Second,
+		stoppedTimeout:   time.Minute,
+		flushInterval:    60 * time.Second,
+		maxInFlight:      20000,
+		topicPartitions:  -1,
+		topicReplication: -1,
+		logger:           slog.Default(),
+		connectors:       map[string]*connInstance{},
+		tasks:            map[TaskID]*taskInstance{},
+		topics:           map[string]map[string]bool{},
+	}
 	for _, o := range opts {
 		o(w)
 	}
-	return w, errNotImplemented
+	var bad []string
+	if w.plugins == nil {
+		bad = append(bad, "plugins (WithPlugins) are required")
+	}
+	if w.grace < 0 {
+		bad = append(bad, "the graceful timeout must not be negative")
+	}
+	if w.maxInFlight < 1 {
+		bad = append(bad, "max in-flight records must be at least 1")
+	}
+	if w.flushInterval <= 0 {
+		bad = append(bad, "the offset flush interval must be positive")
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("worker: %s", strings.Join(bad, "; "))
+	}
+	if w.logger == nil {
+		w.logger = slog.New(slog.DiscardHandler)
+	}
+	if w.listen == nil {
+		w.listen = func(string, int, Status) {}
+	}
+	if w.reconfigure == nil {
+		w.reconfigure = func(string) {}
+	}
+	return w, nil
+}
+
+// kafkaAdmin returns the worker's shared client for topic creation.
+func (w *Worker) kafkaAdmin() (*kafka.TopicCreator, error) {
+	w.adminOnce.Do(func() {
+		if len(w.seeds) == 0 {
+			w.adminErr = errors.New("worker: no Kafka brokers configured (WithKafka)")
+			return
+		}
+		w.admin, w.adminErr = kafka.NewClient(w.seeds, w.logger, w.kopts...)
+		if w.adminErr == nil {
+			w.creator = kafka.NewTopicCreator(w.admin, w.topicPartitions, w.topicReplication)
+		}
+	})
+	return w.creator, w.adminErr
+}
+
+func (w *Worker) report(connector string, task int, s Status) {
+	s.WorkerID = w.id
+	w.listen(connector, task, s)
+}
+
+func (w *Worker) addTopic(connector, topic string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.topics[connector] == nil {
+		w.topics[connector] = map[string]bool{}
+	}
+	w.topics[connector][topic] = true
+}
+
+func (w *Worker) host(connector string, task int, ledger connect.Ledger, cleanupOnly bool, typ connect.ConnectorType) *connect.Host {
+	lg := w.logger.With("connector", connector)
+	if task >= 0 {
+		lg = lg.With("task", task)
+	}
+	if ledger == nil {
+		ledger = connect.NewMemoryLedger()
+	}
+	h := &connect.Host{Connector: connector, Task: task, Logger: lg, Ledger: ledger, CleanupOnly: cleanupOnly}
+	if typ == connect.TypeSource && w.offsets != nil {
+		h.Offsets = offsetReader{store: w.offsets, connector: connector}
+	}
+	if task < 0 {
+		h.RequestTaskReconfiguration = func() { w.reconfigure(connector) }
+	}
+	return h
+}
+
+type offsetReader struct {
+	store     OffsetStore
+	connector string
+}
+
+func (r offsetReader) Offset(ctx context.Context, partition map[string]any) (map[string]any, error) {
+	return r.store.Get(ctx, r.connector, partition)
+}
+
+// connInstance is one connector instance.
+type connInstance struct {
+	name   string
+	cfg    connect.Config
+	conn   connect.Connector
+	host   *connect.Host
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	status   Status
+	target   TargetState
+	started  bool // Start was attempted
+	finished bool // Stopped was called
+	deleted  bool
+}
+
+func (c *connInstance) setStatus(w *Worker, s Status) {
+	c.mu.Lock()
+	c.status = s
+	c.mu.Unlock()
+	w.report(c.name, -1, s)
+}
+
+func stateForTarget(t TargetState) State {
+	switch t {
+	case TargetPaused:
+		return StatePaused
+	case TargetStopped:
+		return StateStopped
+	}
+	return StateRunning
 }
 
 // StartConnector creates a connector instance and calls Start. It returns
-// Start's error (the instance is then FAILED, and its Stopped has been
-// called). The instance runs until StopConnector.
+// Start's error (the instance is then FAILED, and its Stop(false) and
+// Stopped have been called). The instance runs until StopConnector. With
+// Target STOPPED the instance is registered but Start is not called, as
+// Kafka Connect does not run a stopped connector.
 func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
-	return errNotImplemented
+	class := run.Config[KeyConnectorClass]
+	p, ok := w.plugins.Lookup(class)
+	if !ok {
+		return fmt.Errorf("worker: connector %s: %w %q: install the plugin or fix connector.class", run.Name, ErrUnknownPlugin, class)
+	}
+	conn := p.NewConnector()
+	typ := conn.Spec().Type
+	host := w.host(run.Name, -1, run.Ledger, run.CleanupOnly, typ)
+	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		cancel()
+		return fmt.Errorf("worker: starting connector %s: %w", run.Name, ErrClosed)
+	}
+	if old, ok := w.connectors[run.Name]; ok {
+		old.mu.Lock()
+		done := old.finished || !old.started
+		old.mu.Unlock()
+		if !done {
+			w.mu.Unlock()
+			cancel()
+			return fmt.Errorf("worker: connector %s: %w; stop it first", run.Name, ErrAlreadyExists)
+		}
+	}
+	w.connectors[run.Name] = c
+	w.mu.Unlock()
+
+	if run.Target == TargetStopped && !run.CleanupOnly {
+		c.setStatus(w, Status{State: StateStopped})
+		return nil
+	}
+	c.mu.Lock()
+	c.started = true
+	c.mu.Unlock()
+	host.Logger.Info("starting connector", "class", class, "cleanup_only", run.CleanupOnly)
+	// Start is bounded by the caller's ctx: cancelling it interrupts Start
+	// like a Stop would.
+	stopWatch := context.AfterFunc(ctx, cancel)
+	err := conn.Start(c.ctx, run.Config.Clone())
+	stopWatch()
+	if err != nil {
+		host.Logger.Error("connector failed to start", "error", err)
+		c.setStatus(w, Status{State: StateFailed, Trace: err.Error()})
+		c.finish(w, false)
+		return fmt.Errorf("worker: connector %s failed to start: %w", run.Name, err)
+	}
+	c.setStatus(w, Status{State: stateForTarget(run.Target)})
+	return nil
+}
+
+// finish calls Stop (unless already stopping) and Stopped once.
+func (c *connInstance) finish(w *Worker, deleted bool) error {
+	c.mu.Lock()
+	if c.finished || !c.started {
+		c.mu.Unlock()
+		return nil
+	}
+	c.finished = true
+	if deleted {
+		c.deleted = true
+	}
+	c.mu.Unlock()
+	c.cancel()
+	c.conn.Stop(deleted)
+	sctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), c.host), w.stoppedTimeout)
+	defer cancel()
+	err := c.conn.Stopped(sctx)
+	if err != nil {
+		c.host.Logger.Error("connector Stopped failed", "error", err, "deleted", deleted)
+		return fmt.Errorf("worker: connector %s: Stopped: %w", c.name, err)
+	}
+	c.host.Logger.Info("connector stopped", "deleted", deleted)
+	return nil
 }
 
 // TaskConfigs asks a running connector for its task configurations, honouring
 // tasks.max.
 func (w *Worker) TaskConfigs(ctx context.Context, connector string) ([]map[string]string, error) {
-	return nil, errNotImplemented
-}
-
-// StartTask creates a task instance and runs it in its own goroutine: Start,
-// then the source or sink loop. It returns once Start has been attempted.
-func (w *Worker) StartTask(ctx context.Context, run TaskRun) error { return errNotImplemented }
-
-// SetTargetState pauses or resumes a connector and its tasks. A paused task
-// gets no Stop call; its Poll context is cancelled and Poll/Put are not called
-// until it is resumed.
-func (w *Worker) SetTargetState(connector string, target TargetState) {}
-
-// StopTasks stops tasks concurrently: Stop(connectorDeleted), wait for the
-// loop to end within the graceful timeout, final offset commit, Stopped. It
-// returns Stopped's error per task (a failed cleanup), and an error for a task
-// abandoned after the graceful timeout.
-func (w *Worker) StopTasks(ctx context.Context, ids []TaskID, connectorDeleted bool) map[TaskID]error {
-	return nil
+	w.mu.Lock()
+	c := w.connectors[connector]
+	w.mu.Unlock()
+	if c == nil {
+		return nil, fmt.Errorf("worker: task configs of connector %s: %w", connector, ErrNotRunning)
+	}
+	c.mu.Lock()
+	running := c.started && !c.finished && c.status.State != StateFailed
+	c.mu.Unlock()
+	if !running {
+		return nil, fmt.Errorf("worker: task configs of connector %s: %w (it is stopped or failed)", connector, ErrNotRunning)
+	}
+	maxTasks, err := c.cfg.Int(KeyTasksMax, 1)
+	if err != nil || maxTasks < 1 {
+		return nil, fmt.Errorf("worker: connector %s: tasks.max must be a positive integer, got %q", connector, c.cfg[KeyTasksMax])
+	}
+	cfgs, err := c.conn.TaskConfigs(maxTasks)
+	if err != nil {
+		return nil, fmt.Errorf("worker: connector %s: TaskConfigs: %w", connector, err)
+	}
+	if len(cfgs) > maxTasks {
+		c.host.Logger.Warn("connector returned more task configs than tasks.max; using the first ones", "returned", len(cfgs), "tasks_max", maxTasks)
+		cfgs = cfgs[:maxTasks]
+	}
+	out := make([]map[string]string, len(cfgs))
+	for i, tc := range cfgs {
+		out[i] = maps.Clone(map[string]string(tc))
+	}
+	return out, ctx.Err()
 }
 
 // StopConnector calls Stop(connectorDeleted) and Stopped on the connector
-// instance and forgets it. It returns Stopped's error.
+// instance and forgets it. It returns Stopped's error. An instance whose
+// Stopped already ran (its Start failed) or that was never started is only
+// forgotten: completing a deletion for it is the herder's (a CleanupOnly
+// instance).
 func (w *Worker) StopConnector(ctx context.Context, name string, connectorDeleted bool) error {
-	return errNotImplemented
+	w.mu.Lock()
+	c := w.connectors[name]
+	w.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.finish(w, connectorDeleted) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// Stopped goes on; the goroutine ends when it returns.
+		err = fmt.Errorf("worker: connector %s: still stopping when the caller gave up: %w", name, ctx.Err())
+	}
+	w.mu.Lock()
+	if w.connectors[name] == c {
+		delete(w.connectors, name)
+	}
+	w.mu.Unlock()
+	if connectorDeleted || err == nil {
+		w.report(name, -1, Status{State: StateUnassigned})
+	}
+	return err
+}
+
+// SetTargetState pauses or resumes a connector and its tasks. A paused task
+// gets no Stop call; its Poll context is cancelled and Poll/Put are not called
+// until it is resumed. STOPPED is reported for the connector; its tasks are
+// held like paused ones until the herder stops them.
+func (w *Worker) SetTargetState(connector string, target TargetState) {
+	w.mu.Lock()
+	c := w.connectors[connector]
+	var ts []*taskInstance
+	for id, t := range w.tasks {
+		if id.Connector == connector {
+			ts = append(ts, t)
+		}
+	}
+	w.mu.Unlock()
+	if c != nil {
+		c.mu.Lock()
+		changed := c.target != target && c.started && !c.finished && c.status.State != StateFailed
+		c.target = target
+		c.mu.Unlock()
+		if changed {
+			c.setStatus(w, Status{State: stateForTarget(target)})
+		}
+	}
+	for _, t := range ts {
+		t.setTarget(target)
+	}
 }
 
 // ConnectorStatus returns the status of a connector instance on this worker.
-func (w *Worker) ConnectorStatus(name string) (Status, bool) { return Status{}, false }
+func (w *Worker) ConnectorStatus(name string) (Status, bool) {
+	w.mu.Lock()
+	c := w.connectors[name]
+	w.mu.Unlock()
+	if c == nil {
+		return Status{}, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.status
+	s.WorkerID = w.id
+	return s, true
+}
 
 // TaskStatus returns the status of a task instance on this worker.
-func (w *Worker) TaskStatus(id TaskID) (Status, bool) { return Status{}, false }
+func (w *Worker) TaskStatus(id TaskID) (Status, bool) {
+	w.mu.Lock()
+	t := w.tasks[id]
+	w.mu.Unlock()
+	if t == nil {
+		return Status{}, false
+	}
+	return t.getStatus(), true
+}
 
 // Topics returns the topics a connector's tasks produced to or consumed from
-// since they started on this worker.
-func (w *Worker) Topics(connector string) []string { return nil }
+// since they started on this worker (or since ResetTopics), sorted.
+func (w *Worker) Topics(connector string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := slices.Collect(maps.Keys(w.topics[connector]))
+	slices.Sort(out)
+	return out
+}
+
+// ResetTopics forgets the active topics of a connector.
+func (w *Worker) ResetTopics(connector string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.topics, connector)
+}
 
 // Close stops every instance with connectorDeleted == false, as on worker
-// shutdown, and waits for them.
-func (w *Worker) Close(ctx context.Context) error { return errNotImplemented }
+// shutdown: tasks first, then connectors. It waits for every task goroutine,
+// bounded by ctx, and reports tasks still blocked when ctx ends.
+func (w *Worker) Close(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	ids := slices.Collect(maps.Keys(w.tasks))
+	names := slices.Collect(maps.Keys(w.connectors))
+	w.mu.Unlock()
+	var errs []error
+	for id, err := range w.StopTasks(ctx, ids, false) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("task %s-%d: %w", id.Connector, id.Task, err))
+		}
+	}
+	var cwg sync.WaitGroup
+	var emu sync.Mutex
+	for _, n := range names {
+		cwg.Go(func() {
+			if err := w.StopConnector(ctx, n, false); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
+			}
+		})
+	}
+	cwg.Wait()
+	all := make(chan struct{})
+	go func() { w.wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-ctx.Done():
+		w.mu.Lock()
+		var stuck []string
+		for id := range w.tasks {
+			stuck = append(stuck, fmt.Sprintf("%s-%d", id.Connector, id.Task))
+		}
+		w.mu.Unlock()
+		slices.Sort(stuck)
+		errs = append(errs, fmt.Errorf("worker: closing: tasks still blocked in Poll/Put: [%s]: %w", strings.Join(stuck, ", "), ctx.Err()))
+		// The waiter above ends when they return; its channel is dropped.
+	}
+	if w.admin != nil {
+		w.admin.Close()
+	}
+	return errors.Join(errs...)
+}

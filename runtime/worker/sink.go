@@ -1,0 +1,337 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/kafka"
+)
+
+// maxPollRecords bounds one Put batch.
+const maxPollRecords = 2000
+
+// sinkLoop is the state of one sink task. The loop goroutine and the
+// consumer group's rebalance callbacks both call the task; mu serializes
+// them (BlockRebalanceOnPoll already keeps callbacks out of Put, mu makes it
+// airtight and gives the race detector its edges).
+type sinkLoop struct {
+	t        *taskInstance
+	task     connect.SinkTask
+	aware    connect.PartitionAware
+	consumer *kgo.Client
+
+	mu        sync.Mutex
+	assigned  map[connect.TopicPartition]bool
+	committed map[connect.TopicPartition]int64
+	pending   []connect.SinkRecord // fetched but not yet accepted by Put
+	asyncErr  error                // from Open in a callback: fails the task
+	noFlush   bool                 // failed or finished: callbacks only Close
+	known     map[string]bool
+}
+
+// groupID is the consumer group of a sink connector, as Kafka Connect names it.
+func groupID(connector string) string { return "connect-" + connector }
+
+func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) {
+	s := &sinkLoop{
+		t: t, task: task,
+		assigned: map[connect.TopicPartition]bool{}, committed: map[connect.TopicPartition]int64{},
+		known: map[string]bool{},
+	}
+	s.aware, _ = task.(connect.PartitionAware)
+	opts := []kgo.Opt{
+		kgo.ConsumerGroup(groupID(t.id.Connector)),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.OnPartitionsAssigned(s.onAssigned),
+		kgo.OnPartitionsRevoked(s.onRevoked),
+		kgo.OnPartitionsLost(s.onRevoked),
+	}
+	if t.set.topicsRegex != "" {
+		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(t.set.topicsRegex))
+	} else {
+		opts = append(opts, kgo.ConsumeTopics(t.set.topics...))
+	}
+	s.consumer, err = kafka.NewClient(t.w.seeds, t.log, append(opts, t.w.kopts...)...)
+	if err != nil {
+		return nil, err
+	}
+	final = s.finish
+	nextFlush := time.Now().Add(t.set.flushInterval)
+	for {
+		if err := s.takeAsyncErr(); err != nil {
+			return final, err
+		}
+		stopping, paused, changed := t.state()
+		if stopping {
+			return final, nil
+		}
+		if paused {
+			// No Poll, no Put; the group keeps heartbeating in the
+			// background and may rebalance (the callbacks flush and commit).
+			s.consumer.AllowRebalance()
+			timer := time.NewTimer(time.Until(nextFlush))
+			select {
+			case <-changed:
+			case <-timer.C:
+			}
+			timer.Stop()
+			continue
+		}
+		s.mu.Lock()
+		havePending := len(s.pending) > 0
+		s.mu.Unlock()
+		if !havePending {
+			ctx, cancel := t.loopContext()
+			pctx, pcancel := context.WithDeadline(ctx, nextFlush)
+			fetches := s.consumer.PollRecords(pctx, maxPollRecords)
+			pcancel()
+			cancel()
+			if fetches.IsClientClosed() {
+				return final, nil
+			}
+			fetches.EachError(func(topic string, p int32, err error) {
+				if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+					t.log.Warn("fetch error (the client retries)", "topic", topic, "partition", p, "error", err)
+				}
+			})
+			s.mu.Lock()
+			fetches.EachRecord(func(r *kgo.Record) {
+				s.pending = append(s.pending, sinkRecord(r))
+			})
+			s.mu.Unlock()
+		}
+		if err := s.put(); err != nil {
+			return final, err
+		}
+		if !time.Now().Before(nextFlush) {
+			s.mu.Lock()
+			s.flushAndCommit(nil)
+			s.mu.Unlock()
+			nextFlush = time.Now().Add(t.set.flushInterval)
+		}
+		s.consumer.AllowRebalance()
+	}
+}
+
+func sinkRecord(r *kgo.Record) connect.SinkRecord {
+	sr := connect.SinkRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+	if len(r.Headers) > 0 {
+		sr.Headers = make([]connect.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			sr.Headers[i] = connect.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return sr
+}
+
+func (s *sinkLoop) takeAsyncErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.asyncErr
+}
+
+// put gives the pending records to Put. A Put interrupted by a pause or stop
+// keeps them pending: resumed, they are put again; stopped, they were never
+// flushed, so never committed, and come back after a restart.
+func (s *sinkLoop) put() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 {
+		return nil
+	}
+	for _, r := range s.pending {
+		if !s.known[r.Topic] {
+			s.known[r.Topic] = true
+			s.t.w.addTopic(s.t.id.Connector, r.Topic)
+		}
+	}
+	ctx, cancel := s.t.loopContext()
+	defer cancel()
+	err := s.task.Put(ctx, s.pending)
+	if rerr := s.t.errantErr(); rerr != nil && err == nil {
+		err = rerr // the task swallowed a Report that said to fail
+	}
+	if err != nil {
+		if ctx.Err() != nil && s.t.errantErr() == nil {
+			return nil
+		}
+		return fmt.Errorf("Put: %w", err)
+	}
+	clear(s.pending)
+	s.pending = s.pending[:0]
+	return nil
+}
+
+// flushAndCommit calls Flush and commits exactly the offsets it returned
+// for assigned partitions (only those in only, if set). Callers hold s.mu.
+func (s *sinkLoop) flushAndCommit(only map[connect.TopicPartition]bool) {
+	t := s.t
+	ctx, cancel := context.WithTimeout(t.base, 30*time.Second)
+	defer cancel()
+	offs, err := s.task.Flush(ctx)
+	if err != nil {
+		t.log.Error("Flush failed; offsets not committed", "error", err)
+		return
+	}
+	commit := map[string]map[int32]kgo.EpochOffset{}
+	var tps []connect.TopicPartition
+	for tp, off := range offs {
+		if !s.assigned[tp] || (only != nil && !only[tp]) || off <= s.committed[tp] {
+			continue
+		}
+		if commit[tp.Topic] == nil {
+			commit[tp.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		commit[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: off}
+		tps = append(tps, tp)
+	}
+	if len(tps) == 0 {
+		return
+	}
+	var cerr error
+	s.consumer.CommitOffsetsSync(ctx, commit, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		cerr = commitErr(resp, err)
+	})
+	if cerr != nil {
+		t.log.Warn("committing sink offsets failed; they are committed at the next flush, or the records are delivered again", "error", cerr)
+		return
+	}
+	for _, tp := range tps {
+		s.committed[tp] = commit[tp.Topic][tp.Partition].Offset
+	}
+}
+
+// commitErr returns the first error of an offset commit.
+func commitErr(resp *kmsg.OffsetCommitResponse, err error) error {
+	if err != nil {
+		return err
+	}
+	if resp == nil {
+		return nil
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return fmt.Errorf("%s[%d]: %w", t.Topic, p.Partition, err)
+			}
+		}
+	}
+	return nil
+}
+
+func tpList(m map[string][]int32) []connect.TopicPartition {
+	var out []connect.TopicPartition
+	for topic, ps := range m {
+		for _, p := range ps {
+			out = append(out, connect.TopicPartition{Topic: topic, Partition: p})
+		}
+	}
+	slices.SortFunc(out, func(a, b connect.TopicPartition) int {
+		if a.Topic != b.Topic {
+			if a.Topic < b.Topic {
+				return -1
+			}
+			return 1
+		}
+		return int(a.Partition - b.Partition)
+	})
+	return out
+}
+
+func (s *sinkLoop) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	tps := tpList(m)
+	if len(tps) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, tp := range tps {
+		s.assigned[tp] = true
+		if !s.known[tp.Topic] {
+			s.known[tp.Topic] = true
+			s.t.w.addTopic(s.t.id.Connector, tp.Topic)
+		}
+	}
+	s.t.log.Info("partitions assigned", "partitions", len(tps))
+	if s.aware != nil && !s.noFlush {
+		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
+		defer cancel()
+		if err := s.aware.Open(ctx, tps); err != nil && s.asyncErr == nil {
+			s.asyncErr = fmt.Errorf("Open(%v): %w", tps, err)
+		}
+	}
+}
+
+// onRevoked flushes and commits the revoked partitions synchronously, then
+// closes them. It also handles lost partitions (the commit then fails and
+// is logged).
+func (s *sinkLoop) onRevoked(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+	tps := tpList(m)
+	if len(tps) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	revoked := map[connect.TopicPartition]bool{}
+	for _, tp := range tps {
+		revoked[tp] = true
+	}
+	if !s.noFlush {
+		s.flushAndCommit(revoked)
+	}
+	if s.aware != nil {
+		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
+		if err := s.aware.Close(ctx, tps); err != nil {
+			s.t.log.Warn("Close of revoked partitions failed", "error", err)
+		}
+		cancel()
+	}
+	for _, tp := range tps {
+		delete(s.assigned, tp)
+		delete(s.committed, tp)
+	}
+	// The new owner fetches them again from the committed offset.
+	s.pending = slices.DeleteFunc(s.pending, func(r connect.SinkRecord) bool { return revoked[r.TopicPartition()] })
+	s.t.log.Info("partitions revoked", "partitions", len(tps))
+}
+
+// finish flushes and commits (unless the task failed: then only what earlier
+// flushes reported is committed), leaves the group (closing the partitions)
+// and closes the dead letter queue producer.
+func (s *sinkLoop) finish() {
+	s.t.mu.Lock()
+	failed := s.t.status.State == StateFailed
+	s.t.mu.Unlock()
+	s.mu.Lock()
+	if !failed {
+		s.flushAndCommit(nil)
+	}
+	s.noFlush = true
+	s.mu.Unlock()
+	s.consumer.Close() // leaving the group revokes: onRevoked closes the partitions
+	s.mu.Lock()
+	if left := slices.Collect(maps.Keys(s.assigned)); len(left) > 0 && s.aware != nil {
+		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
+		if err := s.aware.Close(ctx, left); err != nil {
+			s.t.log.Warn("Close of partitions failed", "error", err)
+		}
+		cancel()
+	}
+	clear(s.assigned)
+	s.mu.Unlock()
+	if r, ok := s.t.host.Errors.(*errantReporter); ok {
+		r.close()
+	}
+}

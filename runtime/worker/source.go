@@ -1,0 +1,329 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/kafka"
+)
+
+// pending is one produced record waiting for its acknowledgement.
+type pending struct {
+	rec  connect.SourceRecord
+	pkey string // the source partition, as JSON
+	done bool   // set under sourceLoop.mu by the produce callback
+	err  error
+}
+
+// sourceLoop is the state of one source task's loop. Only the task
+// goroutine touches it, except the produce callbacks, which set
+// pending.done/err under mu and wake the loop through acked.
+type sourceLoop struct {
+	t        *taskInstance
+	task     connect.SourceTask
+	producer *kgo.Client
+	creator  *kafka.TopicCreator
+	known    map[string]bool // topics known to exist
+
+	mu    sync.Mutex
+	acked chan struct{} // capacity 1: "some callback ran"
+
+	queue    []*pending            // Poll order, not yet committed
+	byPart   map[string][]*pending // per source partition, not yet folded into offsets
+	offsets  map[string]SourceOffset
+	dirty    map[string]bool // offsets not yet written to the store
+	lastPtr  uintptr         // cache of the last source partition map's key
+	lastKey  string
+	firstErr error
+	wake     bool // an ack was seen by a wait: scan even if acked is empty
+}
+
+// sourcePartitioner sends a record with Partition >= 0 to that partition
+// and partitions the rest by key (Kafka's default sticky-key partitioner).
+type sourcePartitioner struct{ def kgo.Partitioner }
+
+func (p sourcePartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	return &sourceTopicPartitioner{p.def.ForTopic(topic)}
+}
+
+type sourceTopicPartitioner struct{ def kgo.TopicPartitioner }
+
+func (p *sourceTopicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return r.Partition >= 0 || p.def.RequiresConsistency(r)
+}
+
+func (p *sourceTopicPartitioner) Partition(r *kgo.Record, n int) int {
+	if r.Partition >= 0 {
+		return int(r.Partition)
+	}
+	return p.def.Partition(r, n)
+}
+
+func (p *sourceTopicPartitioner) OnNewBatch() {
+	if nb, ok := p.def.(kgo.TopicPartitionerOnNewBatch); ok {
+		nb.OnNewBatch()
+	}
+}
+
+// producerOpts are the source producer's options: idempotent with acks=all
+// (franz-go's defaults), our partitioner, and room for our own in-flight
+// bound so Produce never blocks the loop.
+func (w *Worker) producerOpts() []kgo.Opt {
+	return append([]kgo.Opt{
+		kgo.RecordPartitioner(sourcePartitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.MaxBufferedRecords(w.maxInFlight * 4),
+		kgo.ProducerLinger(5 * time.Millisecond),
+	}, w.kopts...)
+}
+
+func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err error) {
+	creator, err := t.w.kafkaAdmin()
+	if err != nil {
+		return nil, err
+	}
+	producer, err := kafka.NewClient(t.w.seeds, t.log, t.w.producerOpts()...)
+	if err != nil {
+		return nil, err
+	}
+	s := &sourceLoop{
+		t: t, task: task, producer: producer, creator: creator, known: map[string]bool{},
+		acked: make(chan struct{}, 1), byPart: map[string][]*pending{},
+		offsets: map[string]SourceOffset{}, dirty: map[string]bool{},
+	}
+	final = s.finish
+	flush := time.NewTicker(t.set.flushInterval)
+	defer flush.Stop()
+	var idle *time.Timer
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
+	for {
+		if err := s.processAcks(); err != nil {
+			return final, err
+		}
+		stopping, paused, changed := t.state()
+		if stopping {
+			return final, nil
+		}
+		if paused || len(s.queue) >= t.w.maxInFlight {
+			// Acks keep coming (and Commit keeps being called) while Poll
+			// waits: backpressure or pause.
+			select {
+			case <-changed:
+			case <-s.acked:
+				s.wake = true
+			case <-flush.C:
+				s.writeOffsets()
+			}
+			continue
+		}
+		select {
+		case <-flush.C:
+			s.writeOffsets()
+		default:
+		}
+		ctx, cancel := t.loopContext()
+		recs, err := task.Poll(ctx)
+		cancelled := ctx.Err() != nil
+		cancel()
+		if err != nil {
+			if cancelled {
+				continue // pause or stop interrupted Poll: not a failure
+			}
+			return final, fmt.Errorf("Poll: %w", err)
+		}
+		if stopping, _, _ := t.state(); stopping {
+			// Not produced, so never committed: the task delivers them
+			// again after a restart.
+			continue
+		}
+		if len(recs) == 0 {
+			// Nothing yet: give the task a moment rather than spin.
+			if idle == nil {
+				idle = time.NewTimer(10 * time.Millisecond)
+			} else {
+				idle.Reset(10 * time.Millisecond)
+			}
+			select {
+			case <-idle.C:
+			case <-changed:
+			}
+			continue
+		}
+		if err := s.produce(recs); err != nil {
+			return final, err
+		}
+	}
+}
+
+func (s *sourceLoop) partitionKey(m map[string]any) (string, error) {
+	if m == nil {
+		return "null", nil
+	}
+	// Tasks usually reuse one map per source partition: skip re-encoding.
+	ptr := reflect.ValueOf(m).Pointer()
+	if ptr == s.lastPtr && s.lastKey != "" {
+		return s.lastKey, nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", fmt.Errorf("source partition %v is not JSON-encodable: %w", m, err)
+	}
+	s.lastPtr, s.lastKey = ptr, string(b)
+	return s.lastKey, nil
+}
+
+func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
+	t := s.t
+	for i := range recs {
+		r := &recs[i]
+		if r.Topic == "" {
+			return fmt.Errorf("Poll returned a record without a topic (source partition %v): the connector must set SourceRecord.Topic", r.SourcePartition)
+		}
+		if !s.known[r.Topic] {
+			ctx, cancel := context.WithTimeout(t.base, 30*time.Second)
+			err := s.creator.EnsureWith(ctx, t.set.createPartitions, t.set.createReplication, r.Topic)
+			cancel()
+			if err != nil {
+				return err
+			}
+			s.known[r.Topic] = true
+			t.w.addTopic(t.id.Connector, r.Topic)
+		}
+		key, err := s.partitionKey(r.SourcePartition)
+		if err != nil {
+			return err
+		}
+		p := &pending{rec: *r, pkey: key}
+		s.queue = append(s.queue, p)
+		s.byPart[key] = append(s.byPart[key], p)
+		kr := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+		if len(r.Headers) > 0 {
+			kr.Headers = make([]kgo.RecordHeader, len(r.Headers))
+			for j, h := range r.Headers {
+				kr.Headers[j] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+			}
+		}
+		// Not the loop context: a pause must not fail buffered records.
+		s.producer.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
+			s.mu.Lock()
+			p.done, p.err = true, err
+			s.mu.Unlock()
+			select {
+			case s.acked <- struct{}{}:
+			default:
+			}
+		})
+	}
+	return nil
+}
+
+// processAcks commits the acknowledged prefix of the queue (Poll order) and
+// advances each source partition's offset over its acknowledged prefix.
+func (s *sourceLoop) processAcks() error {
+	select {
+	case <-s.acked:
+	default:
+		if !s.wake {
+			return nil
+		}
+	}
+	s.wake = false
+	s.mu.Lock()
+	n := 0
+	for n < len(s.queue) && s.queue[n].done {
+		if err := s.queue[n].err; err != nil && s.firstErr == nil {
+			s.firstErr = err
+		}
+		if s.queue[n].err != nil {
+			break
+		}
+		n++
+	}
+	for key, ps := range s.byPart {
+		m := 0
+		for m < len(ps) && ps[m].done && ps[m].err == nil {
+			m++
+		}
+		if m > 0 {
+			last := ps[m-1].rec
+			s.offsets[key] = SourceOffset{Partition: last.SourcePartition, Offset: last.SourceOffset}
+			s.dirty[key] = true
+			if m == len(ps) {
+				delete(s.byPart, key)
+			} else {
+				s.byPart[key] = ps[m:]
+			}
+		}
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		acked := make([]connect.SourceRecord, n)
+		for i, p := range s.queue[:n] {
+			acked[i] = p.rec
+		}
+		clear(s.queue[:n])
+		s.queue = s.queue[n:]
+		if err := s.task.Commit(s.t.base, acked); err != nil {
+			// Kafka Connect logs and carries on: the records are in Kafka.
+			s.t.log.Warn("source task Commit failed", "error", err, "records", n)
+		}
+	}
+	if s.firstErr != nil && !errors.Is(s.firstErr, kgo.ErrClientClosed) {
+		return fmt.Errorf("producing to Kafka failed: %w; records from this one on are not committed and will be delivered again after a restart", s.firstErr)
+	}
+	return nil
+}
+
+// writeOffsets writes the offsets acknowledged since the last write.
+func (s *sourceLoop) writeOffsets() {
+	if len(s.dirty) == 0 {
+		return
+	}
+	batch := make([]SourceOffset, 0, len(s.dirty))
+	for key := range s.dirty {
+		batch = append(batch, s.offsets[key])
+	}
+	ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
+	defer cancel()
+	if err := s.t.w.offsets.Put(ctx, s.t.id.Connector, batch); err != nil {
+		// Kept dirty: the next flush retries.
+		s.t.log.Error("writing source offsets failed; will retry at the next flush", "error", err, "partitions", len(batch))
+		return
+	}
+	clear(s.dirty)
+}
+
+// finish waits (within the rest of the graceful timeout) for in-flight
+// records, commits what was acknowledged, writes the offsets and closes the
+// producer.
+func (s *sourceLoop) finish() {
+	t := s.t
+	t.mu.Lock()
+	stopAt := t.stopAt
+	t.mu.Unlock()
+	if stopAt.IsZero() {
+		stopAt = time.Now() // a failure, not a stop request
+	}
+	deadline := stopAt.Add(t.set.grace)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	err := s.producer.Flush(ctx)
+	cancel()
+	if err != nil {
+		t.log.Warn("in-flight records were not acknowledged within the graceful timeout; they will be delivered again after a restart", "in_flight", len(s.queue))
+	}
+	s.producer.Close() // fails what is still buffered: never committed
+	s.wake = true
+	_ = s.processAcks()
+	s.writeOffsets()
+}

@@ -1,0 +1,410 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// taskInstance is one task instance and the goroutine that runs it: Start,
+// the source or sink loop, the final commit, Stopped.
+type taskInstance struct {
+	w      *Worker
+	id     TaskID
+	run    TaskRun
+	class  string
+	set    settings
+	task   connect.Task
+	typ    connect.ConnectorType
+	host   *connect.Host
+	log    *slog.Logger
+	base   context.Context // carries the Host; never cancelled
+	hctx   context.Context // given to Start: cancelled on Stop
+	cancel context.CancelFunc
+
+	mu         sync.Mutex
+	status     Status
+	target     TargetState
+	changed    chan struct{} // closed and replaced on every target or stop change
+	stopping   bool
+	deleted    bool
+	stopCalled bool // Stop was called at least once
+	final      bool // Stopped is about to be called: no more Stop calls
+	abandoned  bool // the graceful timeout passed while Poll/Put ran
+	loopCancel context.CancelFunc
+	stopAt     time.Time
+
+	started  chan struct{} // closed once Start returned
+	startErr error
+	loopDone chan struct{} // closed when Poll/Put have returned for good
+	done     chan struct{} // closed after Stopped returned
+	stopErr  error         // Stopped's error, read after done
+}
+
+func (t *taskInstance) getStatus() Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.status
+	s.WorkerID = t.w.id
+	return s
+}
+
+func (t *taskInstance) setStatus(s Status) {
+	t.mu.Lock()
+	t.status = s
+	t.mu.Unlock()
+	t.w.report(t.id.Connector, t.id.Task, s)
+}
+
+// notify wakes the loop; callers hold t.mu.
+func (t *taskInstance) notify() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// state returns the loop's view: whether to stop, whether paused, and a
+// channel closed on the next change.
+func (t *taskInstance) state() (stopping, paused bool, changed <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stopping, t.target != TargetRunning, t.changed
+}
+
+// loopContext returns a context for one Poll/Put call, cancelled on pause or
+// stop.
+func (t *taskInstance) loopContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(t.base)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopping || t.target != TargetRunning {
+		cancel()
+	}
+	t.loopCancel = cancel
+	return ctx, cancel
+}
+
+func (t *taskInstance) setTarget(target TargetState) {
+	t.mu.Lock()
+	if t.target == target {
+		t.mu.Unlock()
+		return
+	}
+	t.target = target
+	if target != TargetRunning && t.loopCancel != nil {
+		t.loopCancel()
+	}
+	t.notify()
+	failed := t.status.State == StateFailed
+	stopping := t.stopping
+	t.mu.Unlock()
+	if !failed && !stopping {
+		state := StateRunning
+		if target != TargetRunning {
+			state = StatePaused
+		}
+		t.setStatus(Status{State: state})
+		t.log.Info("task target state changed", "target", string(target))
+	}
+}
+
+// requestStop cancels the in-flight Poll/Put and calls Stop(deleted), unless
+// Stopped has begun. It may be called more than once.
+func (t *taskInstance) requestStop(deleted bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.final {
+		return
+	}
+	if !t.stopping {
+		t.stopping = true
+		t.stopAt = time.Now()
+		t.notify()
+	}
+	if deleted {
+		t.deleted = true
+	}
+	if t.loopCancel != nil {
+		t.loopCancel()
+	}
+	t.cancel()
+	// Under t.mu so that no Stop call follows or overlaps Stopped; Stop
+	// returns quickly by contract.
+	t.stopCalled = true
+	t.task.Stop(deleted)
+}
+
+// StartTask creates a task instance and runs it in its own goroutine: Start,
+// then the source or sink loop. It returns once Start has been attempted,
+// with Start's error (the task is then FAILED and its Stop(false) and
+// Stopped have run). A task id whose previous instance failed or stopped is
+// started as a fresh instance.
+func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
+	class := run.ConnectorConfig[KeyConnectorClass]
+	p, ok := w.plugins.Lookup(class)
+	if !ok {
+		return fmt.Errorf("worker: task %s-%d: %w %q: install the plugin or fix connector.class", run.ID.Connector, run.ID.Task, ErrUnknownPlugin, class)
+	}
+	typ := p.NewConnector().Spec().Type
+	set, err := w.parseSettings(typ, run.ConnectorConfig)
+	if err != nil {
+		return fmt.Errorf("worker: task %s-%d: %w", run.ID.Connector, run.ID.Task, err)
+	}
+	var missing []string
+	if len(w.seeds) == 0 {
+		missing = append(missing, "Kafka brokers (WithKafka)")
+	}
+	if typ == connect.TypeSource && w.offsets == nil {
+		missing = append(missing, "an offset store (WithOffsetStore)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("worker: task %s-%d: the worker has no %v: configure it", run.ID.Connector, run.ID.Task, missing)
+	}
+	task := p.NewTask()
+	switch typ {
+	case connect.TypeSource:
+		if _, ok := task.(connect.SourceTask); !ok {
+			return fmt.Errorf("worker: plugin %s: source connector's NewTask returned %T, not a connect.SourceTask", p.Class, task)
+		}
+	case connect.TypeSink:
+		if _, ok := task.(connect.SinkTask); !ok {
+			return fmt.Errorf("worker: plugin %s: sink connector's NewTask returned %T, not a connect.SinkTask", p.Class, task)
+		}
+	default:
+		return fmt.Errorf("worker: plugin %s has connector type %q: want source or sink", p.Class, typ)
+	}
+	host := w.host(run.ID.Connector, run.ID.Task, run.Ledger, run.CleanupOnly, typ)
+	target := run.Target
+	if target == "" {
+		target = TargetRunning
+	}
+	base := connect.WithHost(context.WithoutCancel(ctx), host)
+	hctx, cancel := context.WithCancel(base)
+	t := &taskInstance{
+		w: w, id: run.ID, run: run, class: class, set: set, task: task, typ: typ, host: host, log: host.Logger,
+		base: base, hctx: hctx, cancel: cancel, target: target, changed: make(chan struct{}),
+		started: make(chan struct{}), loopDone: make(chan struct{}), done: make(chan struct{}),
+	}
+	if typ == connect.TypeSink {
+		host.Errors = &errantReporter{t: t}
+	}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		cancel()
+		return fmt.Errorf("worker: starting task %s-%d: %w", run.ID.Connector, run.ID.Task, ErrClosed)
+	}
+	if old := w.tasks[run.ID]; old != nil {
+		old.mu.Lock()
+		abandoned := old.abandoned
+		old.mu.Unlock()
+		select {
+		case <-old.loopDone:
+			// Failed or stopped: a restart gets a fresh instance.
+		default:
+			if abandoned {
+				break // still blocked; it finishes on its own
+			}
+			w.mu.Unlock()
+			cancel()
+			return fmt.Errorf("worker: task %s-%d: %w; stop it first", run.ID.Connector, run.ID.Task, ErrAlreadyExists)
+		}
+	}
+	w.tasks[run.ID] = t
+	w.wg.Add(1)
+	w.mu.Unlock()
+
+	go func() {
+		defer w.wg.Done()
+		t.runTask()
+	}()
+	select {
+	case <-t.started:
+	case <-ctx.Done():
+		return fmt.Errorf("worker: task %s-%d: still starting when the caller gave up: %w", run.ID.Connector, run.ID.Task, ctx.Err())
+	}
+	if t.startErr != nil {
+		// Wait for Stop and Stopped, so the caller sees a finished instance.
+		select {
+		case <-t.done:
+		case <-ctx.Done():
+		}
+		return fmt.Errorf("worker: task %s-%d failed to start: %w", run.ID.Connector, run.ID.Task, t.startErr)
+	}
+	return nil
+}
+
+// runTask is the task goroutine.
+func (t *taskInstance) runTask() {
+	t.log.Info("starting task", "class", t.class, "cleanup_only", t.run.CleanupOnly)
+	err := t.task.Start(t.hctx, t.run.TaskConfig.Clone())
+	t.startErr = err
+	if err == nil {
+		t.mu.Lock()
+		paused := t.target != TargetRunning
+		t.mu.Unlock()
+		state := StateRunning
+		if paused {
+			state = StatePaused
+		}
+		t.setStatus(Status{State: state})
+	}
+	close(t.started)
+
+	var final func()
+	if err != nil {
+		t.log.Error("task failed to start", "error", err)
+		t.setStatus(Status{State: StateFailed, Trace: err.Error()})
+		close(t.loopDone)
+	} else {
+		switch task := t.task.(type) {
+		case connect.SourceTask:
+			final, err = t.runSource(task)
+		case connect.SinkTask:
+			final, err = t.runSink(task)
+		}
+		close(t.loopDone)
+		if err != nil {
+			t.log.Error("task failed", "error", err)
+			t.setStatus(Status{State: StateFailed, Trace: err.Error()})
+		}
+	}
+	if final != nil {
+		final() // final offset commit, close Kafka clients
+	}
+	t.mu.Lock()
+	needStop := !t.stopCalled
+	t.mu.Unlock()
+	if needStop {
+		// A failure, not a stop request: the task still gets its Stop.
+		t.requestStop(false)
+	}
+	t.mu.Lock()
+	t.final = true
+	deleted := t.deleted
+	t.mu.Unlock()
+	sctx, cancel := context.WithTimeout(t.base, t.w.stoppedTimeout)
+	t.stopErr = t.task.Stopped(sctx)
+	cancel()
+	if t.stopErr != nil {
+		t.log.Error("task Stopped failed", "error", t.stopErr, "deleted", deleted)
+	} else {
+		t.log.Info("task stopped", "deleted", deleted)
+	}
+	close(t.done)
+	t.mu.Lock()
+	abandoned := t.abandoned
+	t.mu.Unlock()
+	if abandoned {
+		t.w.mu.Lock()
+		if t.w.tasks[t.id] == t {
+			delete(t.w.tasks, t.id)
+		}
+		t.w.mu.Unlock()
+	}
+}
+
+// errAbandoned is returned by StopTasks for a task that did not return from
+// Poll/Put within the graceful timeout.
+var errAbandoned = errors.New("task did not return from Poll/Put within the graceful timeout and was abandoned; its Stopped runs when the call returns")
+
+// StopTasks stops tasks concurrently: Stop(connectorDeleted), wait for the
+// loop to end within the graceful timeout, final offset commit, Stopped. It
+// returns Stopped's error per task (a failed cleanup), and an error for a task
+// abandoned after the graceful timeout. Unknown ids are ignored; a task that
+// already failed (its Stopped already ran) is only forgotten.
+func (w *Worker) StopTasks(ctx context.Context, ids []TaskID, connectorDeleted bool) map[TaskID]error {
+	out := make(map[TaskID]error, len(ids))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		w.mu.Lock()
+		t := w.tasks[id]
+		w.mu.Unlock()
+		if t == nil {
+			continue
+		}
+		wg.Go(func() {
+			err := w.stopTask(ctx, t, connectorDeleted)
+			mu.Lock()
+			out[id] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) error {
+	select {
+	case <-t.done:
+		// Already finished (failed): nothing more is called on it.
+		w.forgetTask(t)
+		return nil
+	default:
+	}
+	t.log.Info("stopping task", "deleted", deleted)
+	t.requestStop(deleted)
+	t.mu.Lock()
+	abandoned := t.abandoned
+	t.mu.Unlock()
+	if abandoned {
+		return fmt.Errorf("worker: task %s-%d: %w", t.id.Connector, t.id.Task, errAbandoned)
+	}
+	grace := time.NewTimer(t.set.grace)
+	defer grace.Stop()
+	select {
+	case <-t.loopDone:
+	case <-grace.C:
+		return w.abandon(t)
+	case <-ctx.Done():
+		return w.abandon(t)
+	}
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		return fmt.Errorf("worker: task %s-%d: final commit or Stopped still running when the caller gave up: %w", t.id.Connector, t.id.Task, ctx.Err())
+	}
+	w.forgetTask(t)
+	if t.stopErr != nil {
+		return fmt.Errorf("worker: task %s-%d: Stopped: %w", t.id.Connector, t.id.Task, t.stopErr)
+	}
+	return nil
+}
+
+func (w *Worker) abandon(t *taskInstance) error {
+	t.mu.Lock()
+	t.abandoned = true
+	t.status.Abandoned = true
+	s := t.status
+	t.mu.Unlock()
+	t.log.Error("task did not stop within the graceful timeout; abandoning it", "graceful_timeout", t.set.grace)
+	w.report(t.id.Connector, t.id.Task, s)
+	select {
+	case <-t.done:
+		w.forgetTask(t)
+	default:
+		// Kept in w.tasks (its status shows Abandoned) until its goroutine
+		// ends; a restart may replace it.
+	}
+	return fmt.Errorf("worker: task %s-%d: %w", t.id.Connector, t.id.Task, errAbandoned)
+}
+
+// forgetTask removes a finished t from the running set.
+func (w *Worker) forgetTask(t *taskInstance) {
+	w.mu.Lock()
+	if w.tasks[t.id] == t {
+		delete(w.tasks, t.id)
+	}
+	w.mu.Unlock()
+	t.mu.Lock()
+	failed := t.status.State == StateFailed
+	t.mu.Unlock()
+	if !failed {
+		w.report(t.id.Connector, t.id.Task, Status{State: StateUnassigned})
+	}
+}
