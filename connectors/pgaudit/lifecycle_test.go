@@ -1,0 +1,324 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// TestDeleteDropsExactlyOwned: deletion drops the connector's objects and
+// nothing else: a user's table in the audit schema (and so the schema), a
+// second connector's capture of the same table, the captured table and its
+// rows all survive.
+func TestDeleteDropsExactlyOwned(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "shared")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
+	audit := auditSchemaFor(t, db)
+
+	la, lb := connect.NewMemoryLedger(), connect.NewMemoryLedger()
+	a := startConnector(t, baseConfig(testenv.Unique("first-"), url, audit, s+".shared"), la)
+	b := startConnector(t, baseConfig(testenv.Unique("second-"), url, audit, s+".shared"), lb)
+	defer func() { _ = b.stop(true) }()
+	// A person's table in the audit schema, created after the connector
+	// created (and owns) the schema.
+	mustExec(t, db, `CREATE TABLE `+qualified(audit, "users_own")+` (x int)`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'one')`)
+	a.collect(1, true)
+	b.collect(1, true)
+
+	owned, _ := la.List(ctx)
+	if err := a.stop(true); err != nil {
+		t.Fatalf("deleting the first connector: %v", err)
+	}
+	for _, r := range owned {
+		ok, err := resourceExists(ctx, db, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && r.Kind != KindSchema {
+			t.Errorf("%v survived the deletion", r)
+		}
+	}
+	if left, _ := la.List(ctx); len(left) != 0 {
+		t.Errorf("ledger still lists %v", left)
+	}
+	if !relExists(t, db, audit, "users_own") {
+		t.Error("the user's table in the audit schema was dropped")
+	}
+	if !relExists(t, db, audit, objectNames(b.name).table) {
+		t.Error("the second connector's audit table was dropped")
+	}
+	if n := triggerCount(t, db, s, "shared"); n != 4 {
+		t.Errorf("%d triggers left on the captured table, want the second connector's 4", n)
+	}
+	var rows int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+tbl).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("captured table has %d rows (%v), want 1", rows, err)
+	}
+	mustExec(t, db, `UPDATE `+tbl+` SET v = 'two'`)
+	got := b.collect(1, true)
+	if got[0].Op != "u" || got[0].After["v"] != "two" {
+		t.Errorf("second connector after the first's deletion: %+v", got[0])
+	}
+	if err := b.stop(true); err != nil {
+		t.Fatalf("deleting the second connector: %v", err)
+	}
+	if n := triggerCount(t, db, s, "shared"); n != 0 {
+		t.Errorf("%d triggers left after both deletions", n)
+	}
+	b.tasks = nil
+}
+
+// TestCleanupOnDeleteFalse keeps everything on deletion.
+func TestCleanupOnDeleteFalse(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "kept")+` (id int)`)
+	audit := auditSchemaFor(t, db)
+	cfg := baseConfig(testenv.Unique("keep-"), url, audit, s+".kept")
+	cfg[KeyCleanupOnDelete] = "false"
+	l := connect.NewMemoryLedger()
+	r := startConnector(t, cfg, l)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if !relExists(t, db, audit, objectNames(r.name).table) || triggerCount(t, db, s, "kept") != 4 {
+		t.Error("cleanup.on.delete=false dropped objects")
+	}
+}
+
+// TestHostileNames: a table named like an injection is captured and the
+// table it names survives; connector names equal in their first 63 bytes
+// get distinct objects.
+func TestHostileNames(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	hostile := `x"; DROP TABLE y; --`
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "y")+` (id int)`)
+	mustExec(t, db, `CREATE TABLE y_guard_public_unused (id int)`)
+	t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP TABLE IF EXISTS y_guard_public_unused`) })
+	mustExec(t, db, `CREATE TABLE `+qualified(s, hostile)+` (id int PRIMARY KEY, "we""ird col" text)`)
+	audit := auditSchemaFor(t, db)
+
+	long := strings.Repeat("a-very-long-connector-name-", 4) // > 63 bytes
+	n1, n2 := long+testenv.Unique("1-"), long+testenv.Unique("2-")
+	r1 := startConnector(t, baseConfig(n1, url, audit, s+"."+hostile), connect.NewMemoryLedger())
+	r2 := startConnector(t, baseConfig(n2, url, audit, `"`+s+`"."`+strings.ReplaceAll(hostile, `"`, `""`)+`"`), connect.NewMemoryLedger())
+	if objectNames(n1).table == objectNames(n2).table {
+		t.Fatalf("names collide: %s", objectNames(n1).table)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, hostile)+` VALUES (7, 'it''s')`)
+	for _, r := range []*running{r1, r2} {
+		c := r.collect(1, true)[0]
+		if c.Source.Table != hostile || c.After[`we"ird col`] != "it's" || c.Topic != "tc."+s+".x___DROP_TABLE_y__--" {
+			t.Errorf("%s: got %+v", r.name, c)
+		}
+	}
+	if err := r1.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if n := triggerCount(t, db, s, hostile); n != 4 {
+		t.Errorf("deleting one long-named connector left %d triggers, want the other's 4", n)
+	}
+	if err := r2.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if !relExists(t, db, s, "y") || !relExists(t, db, "public", "y_guard_public_unused") {
+		t.Error("table y was dropped")
+	}
+	if n := triggerCount(t, db, s, hostile); n != 0 {
+		t.Errorf("%d triggers left", n)
+	}
+}
+
+// TestReconfigure: removing a table drops its triggers; adding one installs
+// them; the audit table and function stay.
+func TestReconfigure(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	for _, n := range []string{"a", "b", "c"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int)`)
+	}
+	audit := auditSchemaFor(t, db)
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("reconf-"), url, audit, s+".a", s+".b")
+	r := startConnector(t, cfg, l)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (1)`) // undelivered when b is removed
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	cfg2 := cfg.Clone()
+	cfg2[KeyTables] = s + ".a," + s + ".c"
+	r = startConnector(t, cfg2, l)
+	defer func() { _ = r.stop(true) }()
+	if got := []int{triggerCount(t, db, s, "a"), triggerCount(t, db, s, "b"), triggerCount(t, db, s, "c")}; got[0] != 4 || got[1] != 0 || got[2] != 4 {
+		t.Errorf("triggers on a, b, c: %v, want [4 0 4]", got)
+	}
+	rs, _ := l.List(ctx)
+	for _, res := range rs {
+		if strings.Contains(res.Location, `"b"`) {
+			t.Errorf("ledger still lists %v", res)
+		}
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "c")+` VALUES (3)`)
+	c := r.collect(1, true)
+	if c[0].Source.Table != "c" {
+		t.Errorf("got a change of %s, want c (b's undelivered change is purged)", c[0].Source.Table)
+	}
+	r.quiet()
+}
+
+// TestStoppedReleasesConnections: after Stopped, pg_stat_activity shows no
+// connection of the connector, for a plain stop and a deletion.
+func TestStoppedReleasesConnections(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "b")+` (id int)`)
+	for _, deleted := range []bool{false, true} {
+		cfg := baseConfig(testenv.Unique("conns-"), url, auditSchemaFor(t, db), s+".a", s+".b")
+		cfg[KeyTasksMax] = "2"
+		r := startConnector(t, cfg, connect.NewMemoryLedger())
+		if n, _ := connections(testCtx(t), db, r.name); n < 4 {
+			t.Errorf("%d connections while running, want 2 tasks x (pool + listener)", n)
+		}
+		if err := r.stop(deleted); err != nil {
+			t.Fatal(err)
+		}
+		awaitNoConnections(t, db, r.name)
+	}
+}
+
+func awaitNoConnections(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)`, ApplicationNamePrefix(name)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connection(s) of %s still open after Stopped", n, name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDatabaseGoesAway: the connector's backends are terminated mid-stream
+// (as a server restart would); the task retries, reconnects and loses
+// nothing.
+func TestDatabaseGoesAway(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "flow")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("outage-"), url, auditSchemaFor(t, db), s+".flow")
+	cfg[KeyPollMaxRecords] = "25"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(1, 100) g`)
+	got := r.collect(25, true)
+
+	terminate := func() {
+		var n int
+		if err := db.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE starts_with(application_name, $1)`, ApplicationNamePrefix(r.name)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatal("no backend of the connector to terminate")
+		}
+	}
+	terminate()
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(101, 150) g`)
+	got = append(got, r.collect(50, true)...)
+	terminate()
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(151, 200) g`)
+	got = append(got, r.collect(125-len(got)+75, true)...)
+	seen := map[int64]bool{}
+	for _, c := range got {
+		id, _ := c.After["id"].(json.Number).Int64()
+		seen[id] = true
+	}
+	for id := int64(1); id <= 200; id++ {
+		if !seen[id] {
+			t.Errorf("id %d lost across the outage", id)
+		}
+	}
+}
+
+// TestDeleteWhileUnreachable: deletion with the database unreachable fails
+// naming what remains and keeps the ledger; a retry (a fresh CleanupOnly
+// instance, as the runtime does) with a working URL completes it.
+func TestDeleteWhileUnreachable(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int)`)
+	audit := auditSchemaFor(t, db)
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("unreach-"), url, audit, s+".t")
+	r := startConnector(t, cfg, l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	owned, _ := l.List(ctx)
+
+	deleteWith := func(u string) error {
+		c := cfg.Clone()
+		c[KeyURL] = u
+		inst := &Connector{}
+		h := testHost(cfg["name"], -1, l)
+		h.CleanupOnly = true
+		hctx := connect.WithHost(ctx, h)
+		startErr := inst.Start(hctx, c)
+		inst.Stop(true)
+		err := inst.Stopped(hctx)
+		if startErr != nil && err == nil {
+			t.Errorf("Start failed (%v) but Stopped succeeded", startErr)
+		}
+		return err
+	}
+	err := deleteWith("postgres://postgres:s3cret@127.0.0.1:1/test?sslmode=disable&connect_timeout=2")
+	if err == nil {
+		t.Fatal("deletion with the database unreachable succeeded")
+	}
+	for _, want := range []string{"still owned", objectNames(cfg["name"]).table, "postgres.trigger"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error leaks the password: %v", err)
+	}
+	if left, _ := l.List(ctx); len(left) != len(owned) {
+		t.Errorf("ledger lists %d entries after the failed deletion, want %d", len(left), len(owned))
+	}
+	if !relExists(t, db, audit, objectNames(cfg["name"]).table) {
+		t.Fatal("audit table vanished")
+	}
+	if err := deleteWith(url); err != nil {
+		t.Fatalf("retried deletion: %v", err)
+	}
+	if left, _ := l.List(ctx); len(left) != 0 {
+		t.Errorf("ledger lists %v after the retried deletion", left)
+	}
+	if relExists(t, db, audit, objectNames(cfg["name"]).table) || triggerCount(t, db, s, "t") != 0 {
+		t.Error("objects survived the retried deletion")
+	}
+}
