@@ -25,7 +25,7 @@ import (
 // tidyconnect worker process, all with names unique to the test and all
 // removed when it ends.
 type chain struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     context.Context
 	pgURL   string
 	amqpURL string
@@ -46,7 +46,7 @@ type chain struct {
 
 // newChain prepares the services and starts a worker; it skips the test
 // when cmd/tidyconnect does not exist yet or a service is unavailable.
-func newChain(t *testing.T) *chain {
+func newChain(t testing.TB) *chain {
 	t.Helper()
 	if !hasCommand() {
 		t.Skip("cmd/tidyconnect has no Go sources yet: the integration suite needs the tidyconnect binary")
@@ -239,6 +239,7 @@ type change struct {
 	Source map[string]any `json:"source"`
 	TsMs   json.Number    `json:"ts_ms"`
 	raw    []byte
+	at     time.Time // when it arrived
 }
 
 // kind maps the op code to insert/update/delete whatever spelling pgaudit
@@ -299,6 +300,7 @@ func (c *chain) collect(queue string) *collector {
 		// deleted by the connector under test.
 		for d := range deliveries {
 			var m change
+			m.at = time.Now()
 			dec := json.NewDecoder(bytes.NewReader(d.Body))
 			dec.UseNumber()
 			err := dec.Decode(&m)

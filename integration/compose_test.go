@@ -418,7 +418,7 @@ func readExample(t *testing.T, name string) connectorRequest {
 	return r
 }
 
-func readDemoSQL(t *testing.T) string {
+func readDemoSQL(t testing.TB) string {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(repoRoot, "migrations", "demo", "*.sql"))
 	slices.Sort(files)
