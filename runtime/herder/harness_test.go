@@ -105,11 +105,11 @@ func (hs *harness) start() {
 	var newWorker NewWorkerFunc
 	switch hs.kind {
 	case kindSync:
-		newWorker = func(l worker.StatusListener) (Worker, error) { return newSyncWorker(hs.reg, l), nil }
+		newWorker = func(hk WorkerHooks) (Worker, error) { return newSyncWorker(hs.reg, hk.Status), nil }
 	case kindReal:
-		newWorker = func(l worker.StatusListener) (Worker, error) {
+		newWorker = func(hk WorkerHooks) (Worker, error) {
 			w, err := worker.New(worker.WithID("test:8083"), worker.WithPlugins(hs.reg), worker.WithOffsetStore(st),
-				worker.WithKafka(hs.seeds), worker.WithLogger(log), worker.WithStatusListener(l),
+				worker.WithKafka(hs.seeds), worker.WithLogger(log), worker.WithStatusListener(hk.Status), worker.WithTaskReconfigurationHandler(hk.Reconfigure),
 				worker.WithGracefulTimeout(3*time.Second))
 			if err != nil {
 				return nil, err

@@ -37,9 +37,17 @@ type Worker interface {
 
 var _ Worker = (*worker.Worker)(nil)
 
-// NewWorkerFunc creates the worker the herder drives; the herder passes the
-// status listener the worker must report to.
-type NewWorkerFunc func(listener worker.StatusListener) (Worker, error)
+// WorkerHooks are the herder's callbacks the worker must be built with.
+type WorkerHooks struct {
+	// Status is the worker's StatusListener (worker.WithStatusListener).
+	Status worker.StatusListener
+	// Reconfigure handles connect.Host.RequestTaskReconfiguration
+	// (worker.WithTaskReconfigurationHandler). It does not block.
+	Reconfigure func(connector string)
+}
+
+// NewWorkerFunc creates the worker the herder drives, wired to hooks.
+type NewWorkerFunc func(hooks WorkerHooks) (Worker, error)
 
 // Option configures a Standalone herder.
 type Option func(*Standalone)
@@ -172,7 +180,7 @@ func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("herder: missing required options: %s", strings.Join(missing, ", "))
 	}
-	w, err := h.newWorker(h.onStatus)
+	w, err := h.newWorker(WorkerHooks{Status: h.onStatus, Reconfigure: h.requestReconfiguration})
 	if err != nil {
 		return nil, fmt.Errorf("herder: creating the worker: %w", err)
 	}
@@ -1184,6 +1192,9 @@ func (h *Standalone) ResetTopics(ctx context.Context, name string) error {
 		return err
 	}
 	defer c.unlock()
+	if r, ok := h.w.(interface{ ResetTopics(string) }); ok {
+		r.ResetTopics(name)
+	}
 	return h.store.ResetTopics(ctx, name)
 }
 
@@ -1254,6 +1265,43 @@ func (h *Standalone) Validate(ctx context.Context, class string, cfg connect.Con
 		v.Groups = []string{}
 	}
 	return v, nil
+}
+
+// requestReconfiguration re-reads a running connector's task configs and
+// restarts its tasks if they changed. It runs in a goroutine the herder
+// owns (Close waits for it), so the calling connector is never blocked.
+func (h *Standalone) requestReconfiguration(name string) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.bgWG.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.bgWG.Done()
+		c, err := h.lookupLive(h.bgCtx, name)
+		if err != nil {
+			return
+		}
+		defer c.unlock()
+		if !c.running || c.rec.Target == worker.TargetStopped {
+			return
+		}
+		cfgs, err := h.w.TaskConfigs(h.bgCtx, name)
+		if err != nil {
+			h.logger(c).Warn("task reconfiguration requested, but the task configs could not be read", "error", err)
+			return
+		}
+		if sameConfigs(cfgs, c.rec.Tasks) {
+			return
+		}
+		h.logger(c).Info("task configs changed; restarting the tasks", "tasks", len(cfgs))
+		h.stopTasksLocked(h.bgCtx, c, slices.Clone(c.tasks), false)
+		if err := h.startTasksLocked(h.bgCtx, c, true); err != nil {
+			h.setFailure(c, err.Error())
+		}
+	}()
 }
 
 // --- Shutdown
