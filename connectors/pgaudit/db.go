@@ -35,6 +35,9 @@ func ApplicationNamePrefix(connector string) string {
 	}
 	if !plain || len("tidyconnect:"+id+":listen-000") > 63 {
 		id = objectNames(connector).base
+		if len(id) > 36 { // keep the "_<hash>" tail, which makes it unique
+			id = id[:25] + id[len(id)-11:]
+		}
 	}
 	return "tidyconnect:" + id + ":"
 }

@@ -1,0 +1,140 @@
+package pgaudit
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+func TestParseTables(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []tableName
+		wantErr string
+	}{
+		{"orders", []tableName{{"public", "orders"}}, ""},
+		{" shop.orders , Shop.Items ", []tableName{{"shop", "orders"}, {"Shop", "Items"}}, ""},
+		{`"a.b"."c,d"`, []tableName{{"a.b", "c,d"}}, ""},
+		{`"we""ird".t`, []tableName{{`we"ird`, "t"}}, ""},
+		{`s.x"; DROP TABLE y; --`, []tableName{{"s", `x"; DROP TABLE y; --`}}, ""},
+		{`"s"."x""; DROP TABLE y; --"`, []tableName{{"s", `x"; DROP TABLE y; --`}}, ""},
+		{"a,,b", nil, "empty item"},
+		{"a.b.c", nil, "3 dot-separated parts"},
+		{"a.", nil, "empty name"},
+		{".a", nil, "empty schema or table"},
+		{`"open`, nil, "unterminated"},
+		{`"x"y.z`, nil, "after a quoted name"},
+		{"a, a", nil, "listed twice"},
+		{"   ", nil, "no table"},
+		{strings.Repeat("x", 64), nil, "63 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parseTables(tt.in)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseTables(%q) error = %v, want one containing %q", tt.in, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("parseTables(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+			// formatTables round-trips.
+			again, err := parseTables(formatTables(got))
+			if err != nil || !reflect.DeepEqual(again, got) {
+				t.Fatalf("round trip of %q: %v, %v", formatTables(got), again, err)
+			}
+		})
+	}
+}
+
+func TestObjectNames(t *testing.T) {
+	long := strings.Repeat("x", 70)
+	tests := []struct{ a, b string }{
+		{long + "1", long + "2"},            // differ after 63 bytes
+		{"orders-sync", "orders_sync"},      // differ only in a replaced character
+		{"Orders", "orders"},                // differ only in case
+		{`x"; DROP TABLE y; --`, "x__drop"}, // hostile
+	}
+	for _, tt := range tests {
+		na, nb := objectNames(tt.a), objectNames(tt.b)
+		for _, n := range []names{na, nb} {
+			for _, id := range []string{n.table, n.function, n.channel, n.trigger("TRUNCATE")} {
+				if len(id) > 63 {
+					t.Errorf("%q is longer than 63 bytes", id)
+				}
+				if strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+					t.Errorf("%q has characters outside [a-z0-9_]", id)
+				}
+			}
+		}
+		if na.table == nb.table || na.channel == nb.channel || na.trigger("INSERT") == nb.trigger("INSERT") {
+			t.Errorf("%q and %q collide: %s", tt.a, tt.b, na.table)
+		}
+		if objectNames(tt.a) != na {
+			t.Errorf("names of %q are not deterministic", tt.a)
+		}
+	}
+	if p := ApplicationNamePrefix(long); len(ApplicationName(long, "listen-99")) > 63 || !strings.HasPrefix(p, "tidyconnect:") {
+		t.Errorf("application name %q", ApplicationName(long, "listen-99"))
+	}
+}
+
+func TestTopicName(t *testing.T) {
+	tests := []struct {
+		t    tableName
+		want string
+	}{
+		{tableName{"public", "orders"}, "pre.public.orders"},
+		{tableName{"Sales Q1", "ümlaut"}, "pre.Sales_Q1.__mlaut"},
+		{tableName{"s", strings.Repeat("t", 300)}, "pre.s." + strings.Repeat("t", 243)},
+	}
+	for _, tt := range tests {
+		if got := topicName("pre", tt.t); got != tt.want {
+			t.Errorf("topicName(%v) = %q, want %q", tt.t, got, tt.want)
+		}
+	}
+}
+
+func TestMultirange(t *testing.T) {
+	set := map[int64]struct{}{}
+	for _, id := range []int64{7, 3, 4, 5, 10, 11, 1} {
+		set[id] = struct{}{}
+	}
+	if got, want := multirange(set), "{[1,1],[3,5],[7,7],[10,11]}"; got != want {
+		t.Errorf("multirange = %s, want %s", got, want)
+	}
+}
+
+func TestEnvelopeAndKey(t *testing.T) {
+	task := &Task{s: settings{name: `c"1`, topicPrefix: "p"}, db: "d"}
+	m := task.newMeta(tableName{"s", "t"}, []string{"b", "a"})
+	v := m.envelope("u", []byte(`{"a":1,"b":"x"}`), []byte(`{"a":2,"b":"x"}`), "42", 7, 1000)
+	want := `{"op":"u","before":{"a":1,"b":"x"},"after":{"a":2,"b":"x"},"source":{"connector":"c\"1","db":"d","schema":"s","table":"t","txid":42,"seq":7},"ts_ms":1000}`
+	if string(v) != want {
+		t.Errorf("envelope\n got %s\nwant %s", v, want)
+	}
+	if k := m.key("d", []byte(`{"a":2,"b":"x"}`), nil); string(k) != `{"b":"x","a":2}` {
+		t.Errorf("key = %s", k)
+	}
+	if k := m.key("t", nil, nil); k != nil {
+		t.Errorf("truncate key = %s, want nil", k)
+	}
+}
+
+func TestConfigDefMasksURL(t *testing.T) {
+	masked := ConfigDef().Mask(connect.Config{KeyURL: "postgres://u:pw@h/db"})
+	if strings.Contains(masked[KeyURL], "pw@") {
+		t.Errorf("masked URL %q", masked[KeyURL])
+	}
+	_, errs := parseSettings("n", connect.Config{KeyURL: "postgres://u:pw@h/db", KeyTables: "a", KeyTopicPrefix: "p", KeyTasksMax: "0"})
+	if len(errs[KeyTasksMax]) == 0 {
+		t.Errorf("tasks.max=0 accepted: %v", errs)
+	}
+}

@@ -1,0 +1,98 @@
+package pgaudit
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// TestBadConfig: every bad configuration is reported by Validate on the
+// key at fault, Start fails naming it, and nothing is provisioned.
+func TestBadConfig(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "ok")+` (id int)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "secret")+` (id int)`)
+	mustExec(t, db, `CREATE VIEW `+qualified(s, "v")+` AS SELECT 1 AS x`)
+	// A login role (trust auth, no password) that may not read "secret".
+	role := testenv.Unique("pga_role_")
+	mustExec(t, db, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
+		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
+	})
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+pgx.Identifier{role}.Sanitize())
+	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "ok")+` TO `+pgx.Identifier{role}.Sanitize())
+	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "secret")+` TO `+pgx.Identifier{role}.Sanitize())
+	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
+	if roleURL == url {
+		t.Skipf("cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
+	}
+
+	tests := []struct {
+		name    string
+		url     string
+		tables  string
+		key     string
+		mention string
+	}{
+		{"missing table", url, s + ".ok," + s + ".nope", KeyTables, `"nope" does not exist`},
+		{"not a table", url, s + ".v", KeyTables, "is not a table"},
+		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege"},
+		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1"},
+		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
+		{"unterminated quote", url, `"` + s + `.ok`, KeyTables, "unterminated"},
+		{"bad topic prefix", url, s + ".ok", KeyTopicPrefix, "a-z"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			audit := auditSchemaFor(t, db)
+			cfg := baseConfig(testenv.Unique("bad-"), tt.url, audit, tt.tables)
+			if tt.key == KeyTopicPrefix {
+				cfg[KeyTopicPrefix] = "no spaces/allowed"
+			}
+			ctx := testCtx(t)
+			errs := (&Connector{}).Validate(ctx, cfg)
+			msgs := strings.Join(errs[tt.key], " | ")
+			if !strings.Contains(msgs, tt.mention) {
+				t.Errorf("Validate()[%s] = %q, want a message containing %q (all: %v)", tt.key, msgs, tt.mention, errs)
+			}
+			if strings.Contains(msgs, "hunter2") {
+				t.Errorf("Validate leaks the password: %s", msgs)
+			}
+			l := connect.NewMemoryLedger()
+			_, err := tryStart(t, cfg, l)
+			if err == nil {
+				t.Fatal("Start succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.mention) || strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Start error %q does not name %q (or leaks the password)", err, tt.mention)
+			}
+			if rs, _ := l.List(ctx); len(rs) != 0 {
+				t.Errorf("ledger lists %v after a rejected config", rs)
+			}
+			var exists bool
+			if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, audit).Scan(&exists); err != nil {
+				t.Fatal(err)
+			}
+			if exists {
+				t.Error("the audit schema was provisioned for a rejected config")
+			}
+			if n := triggerCount(t, db, s, "ok"); n != 0 {
+				t.Errorf("%d triggers installed for a rejected config", n)
+			}
+		})
+	}
+
+	// The role may create in s (not a new schema), read and trigger "ok".
+	t.Run("valid", func(t *testing.T) {
+		if errs := (&Connector{}).Validate(testCtx(t), baseConfig(testenv.Unique("good-"), roleURL, s, s+".ok")); len(errs) != 0 {
+			t.Errorf("Validate of a good config: %v", errs)
+		}
+	})
+}
