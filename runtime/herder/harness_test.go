@@ -102,7 +102,7 @@ func (hs *harness) start() {
 	}
 	hs.st = st
 	log := testLogger(t)
-	var newWorker NewWorkerFunc
+	var newWorker NewHookedWorkerFunc
 	switch hs.kind {
 	case kindSync:
 		newWorker = func(hk WorkerHooks) (Worker, error) { return newSyncWorker(hs.reg, hk.Status), nil }
@@ -120,7 +120,7 @@ func (hs *harness) start() {
 			hs.adm = newAdmin(t, hs.seeds)
 		}
 	}
-	opts := []Option{WithStore(st), WithPlugins(hs.reg), WithWorker(newWorker), WithLogger(log), WithDeletionRetry(time.Hour, time.Hour)}
+	opts := []Option{WithStore(st), WithPlugins(hs.reg), WithHookedWorker(newWorker), WithLogger(log), WithDeletionRetry(time.Hour, time.Hour)}
 	if hs.adm != nil {
 		opts = append(opts, WithKafkaAdmin(hs.adm))
 	}

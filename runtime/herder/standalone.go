@@ -46,8 +46,13 @@ type WorkerHooks struct {
 	Reconfigure func(connector string)
 }
 
-// NewWorkerFunc creates the worker the herder drives, wired to hooks.
-type NewWorkerFunc func(hooks WorkerHooks) (Worker, error)
+// NewWorkerFunc creates the worker the herder drives, reporting to
+// listener.
+type NewWorkerFunc func(listener worker.StatusListener) (Worker, error)
+
+// NewHookedWorkerFunc creates the worker the herder drives, wired to every
+// hook.
+type NewHookedWorkerFunc func(hooks WorkerHooks) (Worker, error)
 
 // Option configures a Standalone herder.
 type Option func(*Standalone)
@@ -58,8 +63,17 @@ func WithStore(s store.Store) Option { return func(h *Standalone) { h.store = s 
 // WithPlugins sets the plugin registry (the same one the worker uses). Required.
 func WithPlugins(r *plugins.Registry) Option { return func(h *Standalone) { h.plugins = r } }
 
-// WithWorker sets how the worker is created. Required.
-func WithWorker(f NewWorkerFunc) Option { return func(h *Standalone) { h.newWorker = f } }
+// WithWorker sets how the worker is created. It (or WithHookedWorker) is
+// required.
+func WithWorker(f NewWorkerFunc) Option {
+	return func(h *Standalone) {
+		h.newWorker = func(hk WorkerHooks) (Worker, error) { return f(hk.Status) }
+	}
+}
+
+// WithHookedWorker is WithWorker for a worker that also takes the task
+// reconfiguration hook (worker.WithTaskReconfigurationHandler).
+func WithHookedWorker(f NewHookedWorkerFunc) Option { return func(h *Standalone) { h.newWorker = f } }
 
 // WithKafkaAdmin sets the admin client used for sink offsets (the consumer
 // group connect-<name>). Without it sink offsets cannot be read or changed.
@@ -99,7 +113,7 @@ func SinkGroup(connector string) string { return "connect-" + connector }
 type Standalone struct {
 	store     store.Store
 	plugins   *plugins.Registry
-	newWorker NewWorkerFunc
+	newWorker NewHookedWorkerFunc
 	w         Worker
 	adm       *kadm.Client
 	log       *slog.Logger
@@ -518,20 +532,24 @@ func (h *Standalone) unknownClassMsg(class string) string {
 // and every error per key.
 func (h *Standalone) validate(ctx context.Context, name string, cfg connect.Config) (connect.Plugin, connect.Spec, map[string][]string) {
 	errs := map[string][]string{}
+	if _, ok := cfg[KeyName]; !ok && name != "" {
+		cfg = cfg.Clone()
+		cfg[KeyName] = name // Kafka Connect keeps the name in the config
+	}
 	if n, ok := cfg[KeyName]; ok && name != "" && n != name {
 		errs[KeyName] = append(errs[KeyName], fmt.Sprintf("Connector name in the config (%q) must match the name in the request (%q)", n, name))
 	}
 	class := strings.TrimSpace(cfg[KeyConnectorClass])
 	p, ok := h.plugins.Lookup(class)
 	if !ok {
-		errs[KeyConnectorClass] = append(errs[KeyConnectorClass], h.unknownClassMsg(class))
-		mergeErrs(errs, CommonConfigDef(connect.TypeUnknown).Validate(cfg))
-		return connect.Plugin{}, connect.Spec{Type: connect.TypeUnknown}, dedupeClass(errs)
+		mergeErrs(errs, worker.ValidateCommon(connect.TypeUnknown, cfg))
+		// "class not found" says more than "missing required".
+		errs[KeyConnectorClass] = []string{h.unknownClassMsg(class)}
+		return connect.Plugin{}, connect.Spec{Type: connect.TypeUnknown}, errs
 	}
 	inst := p.NewConnector()
 	spec := inst.Spec()
-	mergeErrs(errs, CommonConfigDef(spec.Type).Validate(cfg))
-	validateCommon(spec.Type, cfg, errs)
+	mergeErrs(errs, worker.ValidateCommon(spec.Type, cfg))
 	mergeErrs(errs, spec.Config.Validate(cfg))
 	// The connector's own checks may reach external systems: only worth it
 	// once the definition checks pass.
@@ -539,15 +557,6 @@ func (h *Standalone) validate(ctx context.Context, name string, cfg connect.Conf
 		mergeErrs(errs, v.Validate(ctx, spec.Config.WithDefaults(cfg)))
 	}
 	return p, spec, errs
-}
-
-// dedupeClass keeps only the "class not found" message for connector.class
-// (the generic "missing required" one says less).
-func dedupeClass(errs map[string][]string) map[string][]string {
-	if msgs := errs[KeyConnectorClass]; len(msgs) > 1 {
-		errs[KeyConnectorClass] = msgs[:1]
-	}
-	return errs
 }
 
 func checkTarget(t worker.TargetState) (worker.TargetState, error) {

@@ -487,8 +487,9 @@ func TestValidate(t *testing.T) {
 	if len(byName[KeyTasksMax].Errors) == 0 || len(byName[sampleconn.KeyTopic].Errors) == 0 {
 		t.Errorf("expected errors on tasks.max and sample.topic: %+v", v)
 	}
-	if v.ErrorCount != 2 {
-		t.Errorf("ErrorCount = %d, want 2", v.ErrorCount)
+	// name is required too, as in Kafka Connect's validate endpoint.
+	if v.ErrorCount != 3 || len(byName[KeyName].Errors) != 1 {
+		t.Errorf("ErrorCount = %d, want 3 (name, tasks.max, sample.topic): %+v", v.ErrorCount, v)
 	}
 	if _, ok := byName[KeyConnectorClass]; !ok || !slices.Contains(v.Groups, commonGroup) {
 		t.Errorf("common keys missing from validation: groups %v", v.Groups)
