@@ -33,9 +33,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// hasCommand reports whether cmd/tidyconnect has Go sources yet, so tests
-// that need the binary can say plainly why they cannot run.
+// BinaryEnv names a prebuilt tidyconnect binary to test instead of building
+// ./cmd/tidyconnect (e.g. the release artifact).
+const BinaryEnv = "TIDYCONNECT_TEST_BINARY"
+
+// hasCommand reports whether there is a binary to test: cmd/tidyconnect has
+// Go sources, or BinaryEnv names one. Tests that need the binary skip
+// without it, saying why.
 func hasCommand() bool {
+	if os.Getenv(BinaryEnv) != "" {
+		return true
+	}
 	m, _ := filepath.Glob(filepath.Join(repoRoot, "cmd", "tidyconnect", "*.go"))
 	return len(m) > 0
 }
@@ -44,6 +52,9 @@ func hasCommand() bool {
 // its path.
 func tidyconnectBinary(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv(BinaryEnv); p != "" {
+		return p
+	}
 	if !hasCommand() {
 		t.Fatalf("cmd/tidyconnect has no Go sources: the tidyconnect binary cannot be built")
 	}

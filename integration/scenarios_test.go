@@ -159,13 +159,17 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	if len(srcRes) == 0 || len(sinkRes) == 0 || len(pgObjs) == 0 {
 		t.Fatalf("nothing owned after deploy: source %v, sink %v, catalogs %v", srcRes, sinkRes, pgObjs)
 	}
-	kept := func(when string) {
+	// kept checks the ledgers (when the worker runs) and the objects
+	// themselves.
+	kept := func(when string, workerUp bool) {
 		t.Helper()
-		if got := c.api.resources(c.src); !sameResources(got, srcRes) {
-			t.Errorf("%s: %s resources = %v, want %v", when, c.src, got, srcRes)
-		}
-		if got := c.api.resources(c.sink); !sameResources(got, sinkRes) {
-			t.Errorf("%s: %s resources = %v, want %v", when, c.sink, got, sinkRes)
+		if workerUp {
+			if got := c.api.resources(c.src); !sameResources(got, srcRes) {
+				t.Errorf("%s: %s resources = %v, want %v", when, c.src, got, srcRes)
+			}
+			if got := c.api.resources(c.sink); !sameResources(got, sinkRes) {
+				t.Errorf("%s: %s resources = %v, want %v", when, c.sink, got, sinkRes)
+			}
 		}
 		if got := c.ownedObjects(c.src); !slices.Equal(got, pgObjs) {
 			t.Errorf("%s: owned PostgreSQL objects = %v, want %v", when, got, pgObjs)
@@ -186,14 +190,14 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	c.api.must(http.MethodPut, "/connectors/"+c.src+"/pause", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	c.api.awaitState(c.src, "PAUSED", "PAUSED")
 	s.awaitMore(20)
-	kept("source paused")
+	kept("source paused", true)
 	c.api.must(http.MethodPut, "/connectors/"+c.src+"/resume", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	c.api.awaitRunning(c.src)
 
 	c.api.must(http.MethodPut, "/connectors/"+c.sink+"/stop", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	c.api.awaitState(c.sink, "STOPPED", "")
 	s.awaitMore(20)
-	kept("sink stopped")
+	kept("sink stopped", true)
 	c.api.must(http.MethodPut, "/connectors/"+c.sink+"/resume", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	c.api.awaitRunning(c.sink)
 
@@ -203,16 +207,16 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	c.api.awaitRunning(c.src)
 	c.api.awaitRunning(c.sink)
 	s.awaitMore(20)
-	kept("after REST restarts")
+	kept("after REST restarts", true)
 
 	c.w.terminate()
 	s.awaitMore(30) // written while no worker runs
-	kept("worker stopped with SIGTERM")
+	kept("worker stopped with SIGTERM", false)
 	c.w.restart()
 	c.api.awaitRunning(c.src)
 	c.api.awaitRunning(c.sink)
 	s.awaitMore(20)
-	kept("worker restarted")
+	kept("worker restarted", true)
 
 	expected := s.end()
 	v := awaitDelivery(col, expected, 90*time.Second)
@@ -422,8 +426,10 @@ func TestSIGKILLDuringDeletionCompletesAfterRestart(t *testing.T) {
 	if !c.queueExists(c.queue("customers")) {
 		t.Errorf("the sink's queue vanished with the source's deletion")
 	}
-	c.api.delete(c.sink)
-	c.api.awaitGone(c.sink, 30*time.Second)
+	// Right after a crash the sink's consumer group still waits out the dead
+	// member's session, which can hold a stop past DELETE's own timeout; the
+	// deletion then carries on in the background, as the API documents.
+	c.api.deleteEventually(c.sink, 2*time.Minute)
 	if c.queueExists(c.queue("customers")) || c.exchangeExists(c.exchange) {
 		t.Errorf("the sink's queue or exchange survived its deletion")
 	}

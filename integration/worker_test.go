@@ -396,6 +396,26 @@ func (c *restClient) delete(name string) {
 	c.must(http.MethodDelete, "/connectors/"+name, nil, http.StatusNoContent, http.StatusOK)
 }
 
+// deleteEventually deletes and waits until the connector is gone. A DELETE
+// that answers 500 because cleanup outlasted the REST timeout is accepted
+// (logged): the deletion is durable and carries on.
+func (c *restClient) deleteEventually(name string, within time.Duration) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	code, b, err := c.do(ctx, http.MethodDelete, "/connectors/"+name, nil)
+	switch {
+	case err != nil:
+		c.t.Fatalf("DELETE /connectors/%s: %v", name, err)
+	case code == http.StatusNoContent || code == http.StatusOK:
+	case code == http.StatusInternalServerError:
+		c.t.Logf("DELETE /connectors/%s answered 500 (cleanup still running): %s", name, b)
+	default:
+		c.t.Fatalf("DELETE /connectors/%s = %d %s", name, code, b)
+	}
+	c.awaitGone(name, within)
+}
+
 // eventually polls cond every 100ms until it is true or d has passed.
 func eventually(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
