@@ -18,13 +18,36 @@ import (
 // what the ledger lists. Only when that succeeded is the connector
 // forgotten. A failure leaves it visible (FAILED, with Deletion set), returns
 // a *DeletionError and is retried in the background and by another DELETE.
+//
+// The deletion runs in a goroutine the herder owns: if ctx ends first,
+// DeleteConnector returns while the deletion carries on (its progress shows
+// in the status's Deletion); Close interrupts it, and the recorded intent
+// makes the next start complete it.
 func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
 	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return err
 	}
-	defer c.unlock()
-	return h.deleteLocked(ctx, c)
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		c.unlock()
+		return errors.New("herder: the worker is shutting down; retry DELETE against the restarted worker")
+	}
+	h.bgWG.Add(1)
+	h.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer h.bgWG.Done()
+		defer c.unlock()
+		done <- h.deleteLocked(h.bgCtx, c)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("deletion of connector %s is still running (see its status for progress; retry DELETE to wait again): %w", name, ctx.Err())
+	}
 }
 
 func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/connectors/amqpsink"
+	"github.com/tidyconnect/tidyconnect/connectors/pgaudit"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/herder"
+	"github.com/tidyconnect/tidyconnect/runtime/kafka"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/rest"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/version"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// builtinPlugins are the connectors this binary runs.
+func builtinPlugins() []connect.Plugin {
+	return []connect.Plugin{pgaudit.Plugin(), amqpsink.Plugin()}
+}
+
+// connectorFile is a connector.json: the POST /connectors body.
+type connectorFile struct {
+	path    string
+	name    string
+	config  connect.Config
+	initial worker.TargetState
+}
+
+// readConnectorFile parses one file, naming the file and the field in every
+// error.
+func readConnectorFile(path string) (connectorFile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return connectorFile{}, fmt.Errorf("connector file %s: %w", path, err)
+	}
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&raw); err != nil {
+		return connectorFile{}, fmt.Errorf("connector file %s is not a JSON object like {\"name\": \"...\", \"config\": {...}}: %v", path, err)
+	}
+	var msgs []string
+	cf := connectorFile{path: path}
+	for k := range raw {
+		switch k {
+		case "name", "config", "initial_state":
+		default:
+			msgs = append(msgs, fmt.Sprintf("unknown field %q (expected name, config, initial_state)", k))
+		}
+	}
+	if v, ok := raw["name"]; !ok {
+		msgs = append(msgs, `field "name" is required`)
+	} else if err := json.Unmarshal(v, &cf.name); err != nil {
+		msgs = append(msgs, `field "name" must be a string`)
+	}
+	if v, ok := raw["config"]; !ok {
+		msgs = append(msgs, `field "config" is required: an object of string values`)
+	} else {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(v, &m); err != nil {
+			msgs = append(msgs, `field "config" must be an object of string values`)
+		}
+		cf.config = connect.Config{}
+		for k, rv := range m {
+			var s string
+			if err := json.Unmarshal(rv, &s); err != nil {
+				msgs = append(msgs, fmt.Sprintf("field config.%s must be a string (write %s as \"...\")", k, strings.TrimSpace(string(rv))))
+				continue
+			}
+			cf.config[k] = s
+		}
+	}
+	if v, ok := raw["initial_state"]; ok {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			msgs = append(msgs, `field "initial_state" must be RUNNING, PAUSED or STOPPED`)
+		}
+		cf.initial = worker.TargetState(strings.ToUpper(s))
+	}
+	if len(msgs) > 0 {
+		sort.Strings(msgs)
+		return connectorFile{}, fmt.Errorf("connector file %s: %s", path, strings.Join(msgs, "; "))
+	}
+	if msg := herder.ValidateName(cf.name); msg != "" {
+		return connectorFile{}, fmt.Errorf("connector file %s: field \"name\": %s", path, msg)
+	}
+	return cf, nil
+}
+
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	level, _ := parseLevel(cfg.logLevel)
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// workerID is host:port of the REST listener, with a real host name for an
+// unspecified address.
+func workerID(cfg *config, ln net.Listener) string {
+	if cfg.workerID != "" {
+		return cfg.workerID
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil {
+			host = h
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// runStandalone runs until ctx ends (SIGTERM/SIGINT), then shuts down
+// cleanly: REST stops accepting, the herder stops everything with
+// Stop(false), the store and the embedded broker close.
+func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) error {
+	start := time.Now()
+	cfg, err := parseStandalone(args, stdout, lookupEnv)
+	if err != nil {
+		return err
+	}
+	// Bad connector files are input errors: found before anything starts.
+	var files []connectorFile
+	var fileErrs []string
+	for _, p := range cfg.connectorFiles {
+		cf, err := readConnectorFile(p)
+		if err != nil {
+			fileErrs = append(fileErrs, err.Error())
+			continue
+		}
+		files = append(files, cf)
+	}
+	if len(fileErrs) > 0 {
+		return &usageError{strings.Join(fileErrs, "\n")}
+	}
+	log := newLogger(cfg, stderr)
+	slog.SetDefault(log)
+	log.Info("starting tidyconnect standalone", "version", version.Version, "commit", version.Commit,
+		"rest_addr", cfg.restAddr, "data_dir", cfg.dataDir)
+
+	if err := os.MkdirAll(cfg.dataDir, 0o750); err != nil {
+		return fmt.Errorf("creating --data-dir %s: %w; choose a writable directory", cfg.dataDir, err)
+	}
+	st, err := store.OpenFile(cfg.dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	// Kafka: the cluster named, or the embedded broker.
+	var seeds []string
+	var clusterID string
+	if servers := connect.SplitList(cfg.bootstrapServers); len(servers) > 0 {
+		seeds = servers
+		log.Info("using Kafka cluster", "bootstrap_servers", seeds)
+	} else {
+		emb, err := kafka.StartEmbedded(ctx, filepath.Join(cfg.dataDir, "kafka"), cfg.embeddedKafkaAddr,
+			kafka.WithEmbeddedLogger(log), kafka.WithDefaultPartitions(max(cfg.topicPartitions, 1)))
+		if err != nil {
+			return fmt.Errorf("starting the embedded Kafka broker (set --bootstrap-servers to use a cluster instead): %w", err)
+		}
+		defer emb.Close()
+		seeds, clusterID = emb.Addrs(), emb.ClusterID()
+		log.Info("using the embedded Kafka broker", "addrs", seeds, "data_dir", filepath.Join(cfg.dataDir, "kafka"))
+	}
+	cl, err := kafka.NewClient(seeds, log)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if clusterID == "" {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		clusterID, err = kafka.ClusterID(cctx, cl)
+		cancel()
+		if err != nil {
+			log.Warn("could not read the Kafka cluster id; GET / will not report it until restart", "error", err)
+		}
+	}
+
+	reg, err := plugins.New(builtinPlugins()...)
+	if err != nil {
+		return fmt.Errorf("registering the built-in connector plugins: %w", err)
+	}
+
+	// Listen before starting connectors, so a busy port fails fast.
+	ln, err := net.Listen("tcp", cfg.restAddr)
+	if err != nil {
+		return &usageError{fmt.Sprintf("--rest-addr (env %s): cannot listen on %s: %v; choose a free port", envName("rest-addr"), cfg.restAddr, err)}
+	}
+	defer ln.Close()
+	id := workerID(cfg, ln)
+
+	h, err := herder.NewStandalone(ctx,
+		herder.WithStore(st), herder.WithPlugins(reg), herder.WithLogger(log),
+		herder.WithKafkaAdmin(kadm.NewClient(cl)), herder.WithKafkaClusterID(clusterID),
+		herder.WithHookedWorker(func(hk herder.WorkerHooks) (herder.Worker, error) {
+			return worker.New(
+				worker.WithID(id), worker.WithPlugins(reg), worker.WithOffsetStore(st),
+				worker.WithKafka(seeds, kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn))),
+				worker.WithLogger(log), worker.WithStatusListener(hk.Status),
+				worker.WithTaskReconfigurationHandler(hk.Reconfigure),
+				worker.WithGracefulTimeout(cfg.gracefulTimeout),
+				worker.WithTopicCreation(int32(cfg.topicPartitions), int16(cfg.topicReplication)),
+			)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("starting the herder: %w", err)
+	}
+	closeHerder := func() {
+		// Stops every instance with Stop(false); bounded so a stuck
+		// connector cannot hold the process forever.
+		cctx, cancel := context.WithTimeout(context.Background(), 2*cfg.gracefulTimeout+5*time.Second)
+		defer cancel()
+		if err := h.Close(cctx); err != nil {
+			log.Error("closing the herder", "error", err)
+		}
+	}
+
+	for _, cf := range files {
+		_, err := h.CreateConnector(ctx, cf.name, cf.config, cf.initial)
+		switch {
+		case err == nil:
+			log.Info("created connector from file", "connector", cf.name, "file", cf.path)
+		case errors.Is(err, herder.ErrAlreadyExists):
+			log.Info("connector from file already exists; keeping the stored config", "connector", cf.name, "file", cf.path)
+		default:
+			closeHerder()
+			return &usageError{fmt.Sprintf("connector file %s: %v", cf.path, err)}
+		}
+	}
+
+	srv := &http.Server{
+		Handler:           rest.New(h, rest.WithLogger(log), rest.WithDeleteTimeout(cfg.deleteTimeout)),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("REST API ready", "addr", ln.Addr().String(), "worker_id", id, "startup", time.Since(start).Round(time.Millisecond))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down (connectors are stopped, never deleted)")
+	case err := <-serveErr:
+		runErr = fmt.Errorf("the REST server stopped: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.gracefulTimeout)
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("REST requests still running at shutdown were cut off", "error", err)
+		_ = srv.Close()
+	}
+	cancel()
+	if runErr == nil {
+		<-serveErr // Serve returns ErrServerClosed once Shutdown began
+	}
+	closeHerder()
+	log.Info("stopped")
+	return runErr
+}
