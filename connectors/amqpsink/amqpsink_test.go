@@ -1,0 +1,512 @@
+package amqpsink
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/connecttest"
+)
+
+func TestConformance(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	subject := connecttest.Subject{
+		Plugin: Plugin(),
+		Config: func(t testing.TB) connect.Config {
+			cfg := baseConfig(t, u, "orders", "payments")
+			cleanupByName(t, b, cfg["name"], cfg["name"]+".orders", cfg["name"]+".payments")
+			return cfg
+		},
+		Exists: func(_ context.Context, r connect.Resource) (bool, error) {
+			switch r.Kind {
+			case KindQueue:
+				return b.queueExists(r.Name), nil
+			case KindExchange:
+				return b.exchangeExists(r.Name), nil
+			case KindBinding:
+				bd, err := parseBinding(r.Name)
+				if err != nil {
+					return false, err
+				}
+				if _, err := lookRabbitmqctl(); err != nil {
+					// Without rabbitmqctl a binding lives as long as both ends.
+					return b.queueExists(bd.queue) && b.exchangeExists(bd.exchange), nil
+				}
+				return hasBinding(t, "/", bd), nil
+			}
+			return false, fmt.Errorf("unknown kind %q", r.Kind)
+		},
+		PreExisting: func(t testing.TB, cfg connect.Config) connect.Resource {
+			q := cfg["name"] + ".orders"
+			b.declareQueue(q, "quorum")
+			return connect.Resource{Kind: KindQueue, Name: q, Location: location(u)}
+		},
+		BrokenConfig: func(t testing.TB) connect.Config {
+			return baseConfig(t, "amqp://guest:guest@127.0.0.1:1/", "orders")
+		},
+	}
+	if _, err := lookRabbitmqctl(); err == nil {
+		subject.Connections = func(_ context.Context, name string) (int, error) { return connections(t, name), nil }
+	} else {
+		t.Log("rabbitmqctl not on PATH: the kit cannot check that connections are closed")
+	}
+	connecttest.Run(t, subject)
+}
+
+func hasBinding(t testing.TB, vhost string, bd binding) bool {
+	for _, line := range strings.Split(bindings(t, vhost), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) >= 4 && f[0] == bd.exchange && f[1] == bd.queue && f[2] == bd.key && strings.Contains(f[3], bd.owner) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDelivery(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	for _, tc := range []struct {
+		queueType, exchangeType string
+	}{
+		{"quorum", "topic"},
+		{"classic", "topic"},
+		{"classic", "direct"},
+		{"quorum", "headers"},
+	} {
+		t.Run(tc.queueType+"-"+tc.exchangeType, func(t *testing.T) {
+			cfg := baseConfig(t, u, "orders", "payments")
+			cfg[KeyQueueType] = tc.queueType
+			cfg[KeyExchangeType] = tc.exchangeType
+			cfg[KeyContentType] = "application/json"
+			name := cfg["name"]
+			qOrders, qPayments := name+".orders", name+".payments"
+			cleanupByName(t, b, name, qOrders, qPayments)
+			s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+			defer func() {
+				if err := s.stop(true); err != nil {
+					t.Errorf("delete: %v", err)
+				}
+			}()
+			var recs []connect.SinkRecord
+			for i := range 10 {
+				r := rec("orders", int32(i%2), int64(100+i/2), fmt.Sprintf("k%d", i), fmt.Sprintf(`{"n":%d}`, i))
+				r.Headers = []connect.Header{{Key: "trace", Value: []byte(fmt.Sprintf("t%d", i))}}
+				recs = append(recs, r)
+			}
+			recs = append(recs, rec("payments", 0, 7, "", `{"p":1}`))
+			s.put(recs...)
+			offs := s.flush()
+			want := map[connect.TopicPartition]int64{{Topic: "orders", Partition: 0}: 105, {Topic: "orders", Partition: 1}: 105, {Topic: "payments", Partition: 0}: 8}
+			for tp, o := range want {
+				if offs[tp] != o {
+					t.Errorf("Flush offset for %v = %d, want %d (all: %v)", tp, offs[tp], o, offs)
+				}
+			}
+			got := b.drain(qOrders, 10)
+			slices.SortFunc(got, func(a, c amqp.Delivery) int { return strings.Compare(string(a.Body), string(c.Body)) })
+			for i, d := range got {
+				r := recs[i]
+				checks := []struct {
+					what      string
+					got, want any
+				}{
+					{"body", string(d.Body), string(r.Value)},
+					{"content-type", d.ContentType, "application/json"},
+					{"delivery mode", d.DeliveryMode, uint8(amqp.Persistent)},
+					{"message-id", d.MessageId, fmt.Sprintf("orders-%d-%d", r.Partition, r.Offset)},
+					{"timestamp", d.Timestamp.Unix(), r.Timestamp.Unix()},
+					{"header topic", d.Headers[HeaderTopic], "orders"},
+					{"header partition", d.Headers[HeaderPartition], r.Partition},
+					{"header offset", d.Headers[HeaderOffset], r.Offset},
+					{"header key", string(asBytes(d.Headers[HeaderKey])), string(r.Key)},
+					{"record header", string(asBytes(d.Headers["trace"])), string(r.Headers[0].Value)},
+				}
+				for _, c := range checks {
+					if fmt.Sprint(c.got) != fmt.Sprint(c.want) {
+						t.Errorf("message %d: %s = %v, want %v", i, c.what, c.got, c.want)
+					}
+				}
+			}
+			p := b.drain(qPayments, 1)
+			if !bytes.Equal(p[0].Body, []byte(`{"p":1}`)) {
+				t.Errorf("payments body = %s", p[0].Body)
+			}
+			if _, ok := p[0].Headers[HeaderKey]; ok {
+				t.Errorf("a record without key got a %s header", HeaderKey)
+			}
+			if n := b.messages(qOrders); n != 0 {
+				t.Errorf("queue %s has %d extra messages: a record went to the wrong queue", qOrders, n)
+			}
+		})
+	}
+}
+
+func asBytes(v any) []byte {
+	switch x := v.(type) {
+	case []byte:
+		return x
+	case string:
+		return []byte(x)
+	}
+	return nil
+}
+
+func TestTopicsRegexDeclaresOnFirstSight(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u)
+	delete(cfg, KeyTopics)
+	cfg[KeyTopicsRegex] = `ev\..*`
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".ev.a", name+".ev.b")
+	ledger := connect.NewMemoryLedger()
+	s := startSink(t, cfg, ledger, &reporter{})
+	if b.queueExists(name + ".ev.a") {
+		t.Fatal("a queue exists before any record of its topic arrived")
+	}
+	s.put(rec("ev.a", 0, 0, "", "a"), rec("ev.b", 0, 0, "", "b"), rec("ev.a", 0, 1, "", "a2"))
+	s.flush()
+	if got := b.drain(name+".ev.a", 2); string(got[1].Body) != "a2" {
+		t.Errorf("ev.a second message = %s", got[1].Body)
+	}
+	b.drain(name+".ev.b", 1)
+	rs, _ := ledger.List(ctxT(t))
+	var queues []string
+	for _, r := range rs {
+		if r.Kind == KindQueue {
+			queues = append(queues, r.Name)
+		}
+	}
+	slices.Sort(queues)
+	if want := []string{name + ".ev.a", name + ".ev.b"}; !slices.Equal(queues, want) {
+		t.Errorf("owned queues = %v, want %v", queues, want)
+	}
+	if err := s.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range queues {
+		if b.queueExists(q) {
+			t.Errorf("queue %s survived deletion", q)
+		}
+	}
+}
+
+// TestLifecycleKeepsAndDeletes: a plain stop keeps queues and messages; a
+// deletion drops exactly the owned exchange, queues and bindings; a
+// pre-existing queue survives with its messages; a fresh cleanup-only
+// instance finishes an interrupted deletion.
+func TestLifecycleKeepsAndDeletes(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "mine", "theirs")
+	cfg[KeyQueueType] = "classic"
+	name := cfg["name"]
+	mine, theirs := name+".mine", name+".theirs"
+	cleanupByName(t, b, name, mine)
+	b.declareQueue(theirs, "classic")
+	b.publish(theirs, "before the connector")
+	ledger := connect.NewMemoryLedger()
+
+	s := startSink(t, cfg, ledger, &reporter{})
+	s.put(rec("mine", 0, 0, "", "m0"), rec("theirs", 0, 0, "", "t0"))
+	s.flush()
+	if err := s.stop(false); err != nil { // pause / STOPPED / restart look like this
+		t.Fatal(err)
+	}
+	if b.messages(mine) != 1 || b.messages(theirs) != 2 || !b.exchangeExists(name) {
+		t.Fatalf("a plain stop lost something: mine=%d theirs=%d exchange=%v", b.messages(mine), b.messages(theirs), b.exchangeExists(name))
+	}
+	s = startSink(t, cfg, ledger, &reporter{}) // restart
+	s.put(rec("mine", 0, 1, "", "m1"))
+	s.flush()
+	rs, _ := ledger.List(ctxT(t))
+	for _, r := range rs {
+		if r.Kind == KindQueue && r.Name == theirs {
+			t.Errorf("pre-existing queue %s was recorded as owned", theirs)
+		}
+	}
+	if err := s.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// A deletion that crashed before Stopped: a fresh instance started only
+	// for cleanup must drop everything the ledger lists.
+	c := &Connector{}
+	h := testHost(name, -1, ledger, nil)
+	h.CleanupOnly = true
+	ctx := connect.WithHost(ctxT(t), h)
+	if err := c.Start(ctx, cfg); err != nil {
+		t.Fatalf("cleanup-only Start: %v", err)
+	}
+	c.Stop(true)
+	if err := c.Stopped(ctx); err != nil {
+		t.Fatalf("cleanup-only Stopped: %v", err)
+	}
+	if b.queueExists(mine) || b.exchangeExists(name) {
+		t.Errorf("after deletion: owned queue exists=%v, owned exchange exists=%v", b.queueExists(mine), b.exchangeExists(name))
+	}
+	if !b.queueExists(theirs) {
+		t.Fatal("the pre-existing queue was deleted")
+	}
+	if n := b.messages(theirs); n != 2 {
+		t.Errorf("pre-existing queue has %d messages after deletion, want 2", n)
+	}
+	if left, _ := ledger.List(ctxT(t)); len(left) != 0 {
+		t.Errorf("ledger still lists %v", left)
+	}
+	if _, err := lookRabbitmqctl(); err == nil {
+		for _, line := range strings.Split(bindings(t, "/"), "\n") {
+			f := strings.Split(line, "\t")
+			if len(f) >= 4 && (f[0] == name || strings.Contains(f[3], OwnerArg)) && strings.Contains(line, name) {
+				t.Errorf("a binding of the connector remains: %s", line)
+			}
+		}
+	}
+}
+
+func TestCleanupOnDeleteFalseKeepsEverything(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "keep")
+	cfg[KeyCleanupOnDelete] = "false"
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".keep")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	s.put(rec("keep", 0, 0, "", "x"))
+	s.flush()
+	if err := s.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if !b.queueExists(name+".keep") || !b.exchangeExists(name) || b.messages(name+".keep") != 1 {
+		t.Error("cleanup.on.delete=false did not keep the exchange, queue and message")
+	}
+}
+
+func TestMismatchedQueueFailsStart(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "t")
+	name := cfg["name"]
+	cleanupByName(t, b, name)
+	b.declareQueue(name+".t", "classic") // the connector wants quorum
+	ledger := connect.NewMemoryLedger()
+	_, err := tryStartSink(t, cfg, ledger, nil)
+	if err == nil {
+		t.Fatal("Start succeeded against a classic queue where a quorum queue is configured")
+	}
+	for _, want := range []string{name + ".t", "x-queue-type", KeyQueueType} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	// The failed Start still owns the exchange it created; deleting cleans it.
+	c := &Connector{}
+	ctx := connect.WithHost(ctxT(t), testHost(name, -1, ledger, nil))
+	_ = c.Start(ctx, cfg)
+	c.Stop(true)
+	if err := c.Stopped(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !b.queueExists(name + ".t") {
+		t.Error("the pre-existing mismatched queue was deleted")
+	}
+}
+
+func TestUnroutableGoesToErrorReporter(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	for _, tolerate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tolerate=%v", tolerate), func(t *testing.T) {
+			cfg := baseConfig(t, u, "lost")
+			name := cfg["name"]
+			cleanupByName(t, b, name, name+".lost")
+			rep := &reporter{tolerate: tolerate}
+			s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
+			defer func() { _ = s.stop(true) }()
+			s.put(rec("lost", 0, 0, "", "ok"))
+			s.flush()
+			b.deleteQueue(name + ".lost") // now nothing is bound: messages come back
+			err := s.task.Put(ctxT(t), []connect.SinkRecord{rec("lost", 0, 1, "", "x"), rec("lost", 0, 2, "", "y")})
+			offs, ferr := s.task.Flush(ctxT(t))
+			got := rep.got()
+			if len(got) == 0 {
+				t.Fatalf("no record was reported (Put: %v, Flush: %v)", err, ferr)
+			}
+			if !strings.Contains(got[0].err.Error(), "NO_ROUTE") || got[0].rec.Offset != 1 {
+				t.Errorf("first report = offset %d, %v; want offset 1, NO_ROUTE", got[0].rec.Offset, got[0].err)
+			}
+			tp := connect.TopicPartition{Topic: "lost", Partition: 0}
+			if tolerate {
+				if err != nil || ferr != nil || len(got) != 2 || offs[tp] != 3 {
+					t.Errorf("tolerated: Put=%v Flush=%v reports=%d offset=%d; want nil, nil, 2, 3", err, ferr, len(got), offs[tp])
+				}
+			} else {
+				if err == nil && ferr == nil {
+					t.Error("an undeliverable record with errors.tolerance=none did not fail the task")
+				}
+				if offs[tp] > 1 {
+					t.Errorf("offset %d was flushed past an undelivered record", offs[tp])
+				}
+			}
+		})
+	}
+}
+
+// TestConnectionLoss closes every connection of a vhost of its own in the
+// middle of a stream and checks every record arrived at least once.
+func TestConnectionLoss(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	rabbitmqctl(t)
+	vhost, vurl := testVhost(t, u)
+	cfg := baseConfig(t, vurl, "stream")
+	cfg[KeyMaxInFlight] = "64"
+	name := cfg["name"]
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	const total, batch = 3000, 100
+	tp := connect.TopicPartition{Topic: "stream", Partition: 0}
+	for off := 0; off < total; off += batch {
+		var recs []connect.SinkRecord
+		for i := off; i < off+batch; i++ {
+			recs = append(recs, rec("stream", 0, int64(i), "", fmt.Sprintf("m%05d", i)))
+		}
+		if off == total/2 {
+			ctl(t, "close_all_connections", "-p", vhost, "amqpsink connection-loss test")
+		}
+		s.put(recs...)
+		if o := s.flush()[tp]; o > int64(off+batch) {
+			t.Fatalf("flushed offset %d beyond what was put (%d)", o, off+batch)
+		}
+	}
+	if o := s.flush()[tp]; o != total {
+		t.Fatalf("final flushed offset = %d, want %d", o, total)
+	}
+	b := newBroker(t, vurl) // after the close, so it is not closed itself
+	n := b.messages(name + ".stream")
+	if n < total {
+		t.Fatalf("queue has %d messages, fewer than the %d records", n, total)
+	}
+	seen := map[string]bool{}
+	for _, d := range b.drain(name+".stream", n) {
+		seen[d.MessageId] = true
+	}
+	for i := range total {
+		if id := fmt.Sprintf("stream-0-%d", i); !seen[id] {
+			t.Fatalf("record %s never arrived", id)
+		}
+	}
+	t.Logf("%d records, %d messages (%d duplicates from republishing)", total, n, n-total)
+	if err := s.stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStopInterruptsReconnect: with the broker gone (its vhost deleted), a
+// Flush waiting to reconnect returns promptly when the task is stopped, and
+// reports nothing unconfirmed.
+func TestStopInterruptsReconnect(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	rabbitmqctl(t)
+	vhost := testenv.Unique("tc-vh-")
+	ctl(t, "add_vhost", vhost)
+	ctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	vurl := strings.TrimSuffix(u, "/") + "/" + vhost
+	cfg := baseConfig(t, vurl, "s")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	s.put(rec("s", 0, 0, "", "a"))
+	s.flush()
+	ctl(t, "delete_vhost", vhost) // closes the connections; reconnecting fails
+	type result struct {
+		offs map[connect.TopicPartition]int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_ = s.task.Put(ctxT(t), []connect.SinkRecord{rec("s", 0, 1, "", "b")})
+		o, err := s.task.Flush(ctxT(t))
+		done <- result{o, err}
+	}()
+	// Wait until the task noticed, then stop it.
+	deadline := time.Now().Add(30 * time.Second)
+	for s.task.live() != nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.task.Stop(true)
+	select {
+	case r := <-done:
+		if o := r.offs[connect.TopicPartition{Topic: "s", Partition: 0}]; o > 1 {
+			t.Errorf("flushed offset %d includes a record the broker never confirmed", o)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Put/Flush did not return after Stop while reconnecting")
+	}
+	_ = s.task.Stopped(ctxT(t))
+	s.conn.Stop(false)
+	_ = s.conn.Stopped(ctxT(t))
+}
+
+func TestUnreachableBrokerFailsStartClearly(t *testing.T) {
+	cfg := baseConfig(t, "amqp://bob:s3cret@127.0.0.1:1/", "x")
+	for _, inst := range []struct {
+		name  string
+		start func(ctx context.Context) error
+	}{
+		{"connector", func(ctx context.Context) error { return (&Connector{}).Start(ctx, cfg) }},
+		{"task", func(ctx context.Context) error { return (&Task{}).Start(ctx, cfg) }},
+	} {
+		t.Run(inst.name, func(t *testing.T) {
+			err := inst.start(connect.WithHost(ctxT(t), testHost(cfg["name"], 0, connect.NewMemoryLedger(), nil)))
+			if err == nil {
+				t.Fatal("Start succeeded against a closed port")
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error leaks the password: %v", err)
+			}
+			for _, want := range []string{KeyURL, "127.0.0.1:1", "bob:xxxxx"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestStoppedClosesConnections(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	rabbitmqctl(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "c")
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".c")
+	before := runtime.NumGoroutine()
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	s.put(rec("c", 0, 0, "", "x"))
+	s.flush()
+	if n := connections(t, name); n != 2 {
+		t.Errorf("broker lists %d connections named tidyconnect:%s:*, want 2 (connector and task)", n, name)
+	}
+	if err := s.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		n, g := connections(t, name), runtime.NumGoroutine()
+		if n == 0 && g <= before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after Stopped: %d connections remain, %d goroutines (was %d)", n, g, before)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,355 @@
+package amqpsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// broker is the test's own view of RabbitMQ, outside the connector.
+type broker struct {
+	t    testing.TB
+	url  string
+	conn *amqp.Connection
+}
+
+func newBroker(t testing.TB, rawURL string) *broker {
+	t.Helper()
+	conn, err := amqp.Dial(rawURL)
+	if err != nil {
+		t.Fatalf("test connection to RabbitMQ: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &broker{t: t, url: rawURL, conn: conn}
+}
+
+// on runs fn on a throwaway channel (a failed check closes it).
+func (b *broker) on(fn func(ch *amqp.Channel) error) error {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if !ch.IsClosed() {
+			_ = ch.Close()
+		}
+	}()
+	return fn(ch)
+}
+
+func (b *broker) queueExists(name string) bool {
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		return err
+	})
+	if err != nil && !isNotFound(err) {
+		b.t.Fatalf("checking queue %q: %v", name, err)
+	}
+	return err == nil
+}
+
+func (b *broker) exchangeExists(name string) bool {
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclarePassive(name, "topic", true, false, false, false, nil)
+	})
+	if err != nil && !isNotFound(err) {
+		b.t.Fatalf("checking exchange %q: %v", name, err)
+	}
+	return err == nil
+}
+
+func (b *broker) messages(queue string) int {
+	b.t.Helper()
+	var n int
+	err := b.on(func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	if err != nil {
+		b.t.Fatalf("counting messages in %q: %v", queue, err)
+	}
+	return n
+}
+
+// declareQueue creates a queue outside the connector and deletes it when the
+// test ends.
+func (b *broker) declareQueue(name, typ string) {
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": typ})
+		return err
+	})
+	if err != nil {
+		b.t.Fatalf("declaring queue %q: %v", name, err)
+	}
+	b.t.Cleanup(func() { b.deleteQueue(name) })
+}
+
+func (b *broker) deleteQueue(name string) {
+	_ = b.on(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+}
+
+func (b *broker) deleteExchange(name string) {
+	_ = b.on(func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+}
+
+func (b *broker) publish(queue, body string) {
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error {
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		dc, err := ch.PublishWithDeferredConfirm("", queue, true, false, amqp.Publishing{Body: []byte(body), DeliveryMode: amqp.Persistent})
+		if err != nil {
+			return err
+		}
+		if !dc.Wait() {
+			return errors.New("nacked")
+		}
+		return nil
+	})
+	if err != nil {
+		b.t.Fatalf("publishing to %q: %v", queue, err)
+	}
+}
+
+// drain gets want messages from queue (acknowledging them), failing the test
+// if they do not arrive in time.
+func (b *broker) drain(queue string, want int) []amqp.Delivery {
+	b.t.Helper()
+	var out []amqp.Delivery
+	err := b.on(func(ch *amqp.Channel) error {
+		deadline := time.Now().Add(30 * time.Second)
+		for len(out) < want {
+			d, ok, err := ch.Get(queue, false)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				if time.Now().After(deadline) {
+					return fmt.Errorf("got %d of %d messages", len(out), want)
+				}
+				time.Sleep(20 * time.Millisecond) // polling an empty queue
+				continue
+			}
+			out = append(out, d)
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.t.Fatalf("draining %q: %v", queue, err)
+	}
+	return out
+}
+
+func rabbitmqctl(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		t.Skip("rabbitmqctl is not on PATH: this test needs it to inspect or close broker connections")
+	}
+	return p
+}
+
+func ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, rabbitmqctl(t), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// connections counts the broker connections whose connection_name belongs to
+// the connector.
+func connections(t testing.TB, connector string) int {
+	out := ctl(t, "list_connections", "-q", "--no-table-headers", "client_properties")
+	return strings.Count(out, "tidyconnect:"+connector+":")
+}
+
+// bindings lists "source destination routing_key arguments" lines of the vhost.
+func bindings(t testing.TB, vhost string) string {
+	return ctl(t, "list_bindings", "-q", "--no-table-headers", "-p", vhost, "source_name", "destination_name", "routing_key", "arguments")
+}
+
+// testVhost creates a vhost for one test (so that closing every connection of
+// it touches nobody else) and returns a URL for it.
+func testVhost(t testing.TB, base string) (vhost, vurl string) {
+	t.Helper()
+	vhost = testenv.Unique("tc-vh-")
+	ctl(t, "add_vhost", vhost)
+	t.Cleanup(func() { ctl(t, "delete_vhost", vhost) })
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "guest"
+	if u.User != nil {
+		user = u.User.Username()
+	}
+	ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	u.RawPath = ""
+	return vhost, u.String()
+}
+
+// reporter is an ErrantRecordReporter that records every report.
+type reporter struct {
+	mu       sync.Mutex
+	tolerate bool
+	reports  []report
+}
+
+type report struct {
+	rec connect.SinkRecord
+	err error
+}
+
+func (r *reporter) Report(_ context.Context, rec connect.SinkRecord, err error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, report{rec, err})
+	if r.tolerate {
+		return nil
+	}
+	return fmt.Errorf("errors.tolerance=none: %w", err)
+}
+
+func (r *reporter) got() []report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]report(nil), r.reports...)
+}
+
+func testHost(name string, task int, l connect.Ledger, errs connect.ErrantRecordReporter) *connect.Host {
+	lg := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return &connect.Host{Connector: name, Task: task, Logger: lg.With("connector", name, "task", task), Ledger: l, Errors: errs, RequestTaskReconfiguration: func() {}}
+}
+
+// sink is a connector with one task, driven as the runtime drives it.
+type sink struct {
+	t      testing.TB
+	name   string
+	ledger connect.Ledger
+	conn   *Connector
+	task   *Task
+	errs   connect.ErrantRecordReporter
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func startSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.ErrantRecordReporter) *sink {
+	t.Helper()
+	s, err := tryStartSink(t, cfg, l, errs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func tryStartSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.ErrantRecordReporter) (*sink, error) {
+	name := cfg["name"]
+	s := &sink{t: t, name: name, ledger: l, conn: &Connector{}, task: &Task{}, errs: errs}
+	ctx := connect.WithHost(ctxT(t), testHost(name, -1, l, nil))
+	if err := s.conn.Start(ctx, cfg); err != nil {
+		s.conn.Stop(false)
+		_ = s.conn.Stopped(ctx)
+		return nil, fmt.Errorf("connector Start: %w", err)
+	}
+	tcs, err := s.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tctx := connect.WithHost(ctxT(t), testHost(name, 0, l, errs))
+	if err := s.task.Start(tctx, tcs[0]); err != nil {
+		s.task.Stop(false)
+		_ = s.task.Stopped(tctx)
+		s.conn.Stop(false)
+		_ = s.conn.Stopped(ctx)
+		return nil, fmt.Errorf("task Start: %w", err)
+	}
+	return s, nil
+}
+
+func (s *sink) put(recs ...connect.SinkRecord) {
+	s.t.Helper()
+	if err := s.task.Put(ctxT(s.t), recs); err != nil {
+		s.t.Fatalf("Put: %v", err)
+	}
+}
+
+func (s *sink) flush() map[connect.TopicPartition]int64 {
+	s.t.Helper()
+	offs, err := s.task.Flush(ctxT(s.t))
+	if err != nil {
+		s.t.Fatalf("Flush: %v", err)
+	}
+	return offs
+}
+
+func (s *sink) stop(deleted bool) error {
+	s.task.Stop(deleted)
+	if err := s.task.Stopped(connect.WithHost(ctxT(s.t), testHost(s.name, 0, s.ledger, s.errs))); err != nil {
+		return fmt.Errorf("task Stopped: %w", err)
+	}
+	s.conn.Stop(deleted)
+	return s.conn.Stopped(connect.WithHost(ctxT(s.t), testHost(s.name, -1, s.ledger, nil)))
+}
+
+// baseConfig is a fresh config with a unique connector name and topics.
+func baseConfig(t testing.TB, rawURL string, topics ...string) connect.Config {
+	name := testenv.Unique("tc-amqp-")
+	return connect.Config{
+		"name":            name,
+		"connector.class": Class,
+		KeyURL:            rawURL,
+		KeyTopics:         strings.Join(topics, ","),
+		KeyQueue:          name + ".${topic}",
+	}
+}
+
+// cleanupByName removes what a test's connector may have left behind if the
+// test failed half-way.
+func cleanupByName(t testing.TB, b *broker, exchange string, queues ...string) {
+	t.Cleanup(func() {
+		for _, q := range queues {
+			b.deleteQueue(q)
+		}
+		b.deleteExchange(exchange)
+	})
+}
+
+func rec(topic string, partition int32, offset int64, key, value string) connect.SinkRecord {
+	r := connect.SinkRecord{Topic: topic, Partition: partition, Offset: offset, Value: []byte(value), Timestamp: time.Unix(1700000000+offset, 0)}
+	if key != "" {
+		r.Key = []byte(key)
+	}
+	return r
+}
+
+func lookRabbitmqctl() (string, error) { return exec.LookPath("rabbitmqctl") }
