@@ -112,7 +112,7 @@ var configDef = connect.ConfigDef{
 	{Name: KeyTopics, Type: connect.TypeList, Importance: connect.ImportanceHigh, Group: "Kafka", Order: 2,
 		Doc: "Kafka topics to deliver. Exactly one of topics and topics.regex is required."},
 	{Name: KeyTopicsRegex, Type: connect.TypeString, Importance: connect.ImportanceHigh, Group: "Kafka", Order: 3,
-		Doc: "Regular expression of Kafka topics to deliver; a queue is declared for each topic when its first record arrives.",
+		Doc:      "Regular expression of Kafka topics to deliver; a queue is declared for each topic when its first record arrives.",
 		Validate: func(v string) error { _, err := regexp.Compile(v); return err }},
 	{Name: KeyExchange, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 4,
 		Doc: "Exchange to publish to; created (and owned) when it does not exist. Default: the connector name.",
@@ -126,23 +126,23 @@ var configDef = connect.ConfigDef{
 		Recommended: []string{"topic", "direct", "fanout", "headers"}, Doc: "Type of the exchange: topic, direct, fanout or headers.",
 		Validate: oneOf("topic", "direct", "fanout", "headers")},
 	{Name: KeyQueue, Type: connect.TypeString, Default: placeholderTopic, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 6,
-		Doc: "Queue name template, one durable queue per topic; ${topic} is replaced by the Kafka topic.",
+		Doc:      "Queue name template, one durable queue per topic; ${topic} is replaced by the Kafka topic.",
 		Validate: func(v string) error { return checkTemplate(v, placeholderTopic) }},
 	{Name: KeyQueueType, Type: connect.TypeString, Default: "quorum", Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 7,
 		Recommended: []string{"quorum", "classic"}, Doc: "Type of the queues the connector creates: quorum or classic.",
 		Validate: oneOf("quorum", "classic")},
 	{Name: KeyRoutingKey, Type: connect.TypeString, Default: placeholderTopic, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 8,
-		Doc: "Routing-key template: ${topic}, ${partition} and ${key} (the record key as text) are replaced per record.",
+		Doc:      "Routing-key template: ${topic}, ${partition} and ${key} (the record key as text) are replaced per record.",
 		Validate: func(v string) error { return checkTemplate(v, placeholderTopic, placeholderPartition, placeholderKey) }},
 	{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 9,
 		Doc: "Delete the owned bindings, queues and exchange when the connector is deleted; false keeps them."},
 	{Name: KeyContentType, Type: connect.TypeString, Default: "application/octet-stream", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 10,
 		Doc: "content-type property of every message (the record value is copied as is)."},
 	{Name: KeyMaxInFlight, Type: connect.TypeInt, Default: "4096", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 11,
-		Doc: "Messages published but not yet confirmed, per task; Put waits when it is reached. Bounds memory.",
+		Doc:      "Messages published but not yet confirmed, per task; Put waits when it is reached. Bounds memory.",
 		Validate: positive},
 	{Name: KeyReconnectTimeout, Type: connect.TypeLong, Default: "300000", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 12,
-		Doc: "How long a task keeps reconnecting (with backoff) after losing the broker before it fails.",
+		Doc:      "How long a task keeps reconnecting (with backoff) after losing the broker before it fails.",
 		Validate: positive},
 	{Name: KeyErrorsTolerance, Type: connect.TypeString, Default: "none", Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 13,
 		Recommended: []string{"none", "all"}, Doc: "none: an undeliverable record fails the task; all: it goes to the dead-letter topic (or is skipped).",
@@ -188,12 +188,16 @@ type settings struct {
 	reconnect    time.Duration
 }
 
-// validate returns the error messages per key for cfg (defaults applied).
-func validate(cfg connect.Config) map[string][]string {
+// validate returns the error messages per key for cfg (defaults applied):
+// the ConfigDef's checks and those spanning keys. withTopics adds the
+// topics/topics.regex rule, which the runtime's own validation already
+// reports at validate and create (so Validate leaves it out).
+func validate(cfg connect.Config, withTopics bool) map[string][]string {
 	errs := configDef.Validate(cfg)
 	add := func(k, msg string) { errs[k] = append(errs[k], msg) }
 	topics, regex := strings.TrimSpace(cfg[KeyTopics]), strings.TrimSpace(cfg[KeyTopicsRegex])
 	switch {
+	case !withTopics:
 	case topics == "" && regex == "":
 		add(KeyTopics, "one of topics and topics.regex is required")
 	case topics != "" && regex != "":
@@ -238,7 +242,7 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 		cfg["name"] = connector
 	}
 	cfg = configDef.WithDefaults(cfg)
-	if err := validationError(validate(cfg)); err != nil {
+	if err := validationError(validate(cfg, true)); err != nil {
 		return nil, err
 	}
 	s := &settings{

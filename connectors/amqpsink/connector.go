@@ -61,7 +61,7 @@ func (c *Connector) Spec() connect.Spec { return spec() }
 // Validate checks what the ConfigDef cannot: key combinations and templates.
 // It does not contact the broker, so a config can be validated offline.
 func (c *Connector) Validate(_ context.Context, cfg connect.Config) map[string][]string {
-	return validate(configDef.WithDefaults(cfg))
+	return validate(configDef.WithDefaults(cfg), false)
 }
 
 func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
