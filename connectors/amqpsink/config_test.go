@@ -1,0 +1,141 @@
+package amqpsink
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+func TestValidate(t *testing.T) {
+	good := func() connect.Config {
+		return connect.Config{"name": "c1", KeyURL: "amqp://u:topsecret@localhost:5672/v", KeyTopics: "a,b"}
+	}
+	for _, tc := range []struct {
+		name    string
+		change  func(c connect.Config)
+		badKeys []string // empty: valid
+	}{
+		{"defaults are valid", func(connect.Config) {}, nil},
+		{"missing url", func(c connect.Config) { delete(c, KeyURL) }, []string{KeyURL}},
+		{"malformed url", func(c connect.Config) { c[KeyURL] = "http://u:topsecret@host/" }, []string{KeyURL}},
+		{"url without scheme", func(c connect.Config) { c[KeyURL] = "localhost:5672" }, []string{KeyURL}},
+		{"bad exchange type", func(c connect.Config) { c[KeyExchangeType] = "x-consistent-hash" }, []string{KeyExchangeType}},
+		{"bad queue type", func(c connect.Config) { c[KeyQueueType] = "stream" }, []string{KeyQueueType}},
+		{"unknown queue placeholder", func(c connect.Config) { c[KeyQueue] = "q.${topik}" }, []string{KeyQueue}},
+		{"queue uses per-record placeholder", func(c connect.Config) { c[KeyQueue] = "q.${key}" }, []string{KeyQueue}},
+		{"unterminated placeholder", func(c connect.Config) { c[KeyRoutingKey] = "${topic" }, []string{KeyRoutingKey}},
+		{"lone dollar", func(c connect.Config) { c[KeyRoutingKey] = "a$b" }, []string{KeyRoutingKey}},
+		{"routing key with key and partition", func(c connect.Config) { c[KeyRoutingKey] = "${topic}.${partition}.${key}" }, nil},
+		{"direct exchange with per-record key", func(c connect.Config) {
+			c[KeyExchangeType] = "direct"
+			c[KeyRoutingKey] = "${topic}.${key}"
+		}, []string{KeyRoutingKey}},
+		{"reserved exchange name", func(c connect.Config) { c[KeyExchange] = "amq.topic" }, nil},
+		{"too long exchange name", func(c connect.Config) { c[KeyExchange] = strings.Repeat("x", 256) }, []string{KeyExchange}},
+		{"no topics", func(c connect.Config) { delete(c, KeyTopics) }, []string{KeyTopics}},
+		{"topics and regex", func(c connect.Config) { c[KeyTopicsRegex] = "a.*" }, []string{KeyTopics}},
+		{"bad regex", func(c connect.Config) { delete(c, KeyTopics); c[KeyTopicsRegex] = "a(" }, []string{KeyTopicsRegex}},
+		{"bad cleanup flag", func(c connect.Config) { c[KeyCleanupOnDelete] = "yes" }, []string{KeyCleanupOnDelete}},
+		{"zero in flight", func(c connect.Config) { c[KeyMaxInFlight] = "0" }, []string{KeyMaxInFlight}},
+		{"bad tolerance", func(c connect.Config) { c[KeyErrorsTolerance] = "some" }, []string{KeyErrorsTolerance}},
+		{"several bad keys", func(c connect.Config) {
+			c[KeyURL] = "nope"
+			c[KeyQueueType] = "lazy"
+			c[KeyRoutingKey] = "${nope}"
+		}, []string{KeyURL, KeyQueueType, KeyRoutingKey}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good()
+			tc.change(cfg)
+			errs := validate(configDef.WithDefaults(cfg), true)
+			_, err := parse(cfg, "")
+			if len(tc.badKeys) == 0 {
+				if len(errs) != 0 || err != nil {
+					t.Fatalf("want valid, got %v / %v", errs, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("parse accepted an invalid config")
+			}
+			for _, k := range tc.badKeys {
+				if len(errs[k]) == 0 {
+					t.Errorf("no error for key %s (errors: %v)", k, errs)
+				}
+				if !strings.Contains(err.Error(), k) {
+					t.Errorf("parse error does not name %s: %v", k, err)
+				}
+			}
+			if len(errs) != len(tc.badKeys) {
+				t.Errorf("errors for %d keys, want %d: %v", len(errs), len(tc.badKeys), errs)
+			}
+			if strings.Contains(err.Error(), "topsecret") {
+				t.Errorf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
+
+func TestValidatorLeavesTopicsToRuntime(t *testing.T) {
+	errs := (&Connector{}).Validate(context.Background(), connect.Config{"name": "c", KeyURL: "amqp://localhost/", KeyQueue: "${bad}"})
+	if _, ok := errs[KeyTopics]; ok {
+		t.Errorf("Validate reported %s, which the runtime's common validation owns: %v", KeyTopics, errs)
+	}
+	if len(errs[KeyQueue]) == 0 {
+		t.Errorf("Validate did not report the bad queue template: %v", errs)
+	}
+}
+
+func TestMaskedEverywhere(t *testing.T) {
+	cfg := connect.Config{KeyURL: "amqp://u:topsecret@localhost:5672/"}
+	if got := configDef.Mask(cfg)[KeyURL]; strings.Contains(got, "topsecret") {
+		t.Errorf("Mask kept the password: %s", got)
+	}
+	s, err := parse(connect.Config{"name": "c", KeyURL: cfg[KeyURL], KeyTopics: "a"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(s.location, "topsecret") || strings.Contains(s.LogValue().String(), "topsecret") {
+		t.Errorf("location %q or log value %q holds the password", s.location, s.LogValue())
+	}
+}
+
+func TestTemplates(t *testing.T) {
+	for _, tc := range []struct {
+		tmpl, exType           string
+		wantKey, wantBindingKy string
+	}{
+		{"${topic}", "topic", "orders", "orders"},
+		{"${topic}.${partition}", "topic", "orders.3", "orders.*"},
+		{"kafka.${topic}.${key}", "topic", "kafka.orders.k1", "kafka.orders.#"},
+		{"fixed", "direct", "fixed", "fixed"},
+	} {
+		s := &settings{routingTmpl: tc.tmpl, queueTmpl: "q-${topic}", exchangeType: tc.exType}
+		if got := s.routingKey("orders", 3, []byte("k1")); got != tc.wantKey {
+			t.Errorf("routingKey(%q) = %q, want %q", tc.tmpl, got, tc.wantKey)
+		}
+		if got := s.bindingKey("orders"); got != tc.wantBindingKy {
+			t.Errorf("bindingKey(%q) = %q, want %q", tc.tmpl, got, tc.wantBindingKy)
+		}
+		if got := s.queueName("orders"); got != "q-orders" {
+			t.Errorf("queueName = %q", got)
+		}
+	}
+}
+
+func TestBindingNameRoundTrip(t *testing.T) {
+	for _, b := range []binding{
+		{exchange: "ex", queue: "q", key: "a.b", owner: "c"},
+		{exchange: "e&x=1", queue: "q/ü", key: "", owner: "c d", headers: true, topic: "t"},
+	} {
+		got, err := parseBinding(b.name())
+		if err != nil || got != b {
+			t.Errorf("round trip of %+v = %+v, %v", b, got, err)
+		}
+	}
+	if _, err := parseBinding("queue=q"); err == nil {
+		t.Error("parseBinding accepted a name without exchange and owner")
+	}
+}
