@@ -44,7 +44,18 @@ type sourceLoop struct {
 	lastKey  string
 	firstErr error
 	wake     bool // an ack was seen by a wait: scan even if acked is empty
+
+	// A Poll that blocks while records are in flight is interrupted (its
+	// context cancelled) once an ack arrives and it has run for
+	// commitInterruptAfter, so Commit is not held back by an idle source.
+	pollCancel   context.CancelFunc // under mu
+	pollStart    time.Time          // under mu
+	ackSincePoll bool               // under mu
 }
+
+// commitInterruptAfter is how long a Poll may block while acknowledged
+// records wait for their Commit.
+const commitInterruptAfter = 50 * time.Millisecond
 
 // sourcePartitioner sends a record with Partition >= 0 to that partition
 // and partitions the rest by key (Kafka's default sticky-key partitioner).
@@ -133,8 +144,28 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 		default:
 		}
 		ctx, cancel := t.loopContext()
+		var interrupt *time.Timer
+		if len(s.queue) > 0 {
+			s.mu.Lock()
+			s.pollCancel, s.pollStart, s.ackSincePoll = cancel, time.Now(), false
+			s.mu.Unlock()
+			interrupt = time.AfterFunc(commitInterruptAfter, func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if s.pollCancel != nil && s.ackSincePoll {
+					s.pollCancel()
+					s.pollCancel = nil
+				}
+			})
+		}
 		recs, err := task.Poll(ctx)
 		cancelled := ctx.Err() != nil
+		if interrupt != nil {
+			interrupt.Stop()
+			s.mu.Lock()
+			s.pollCancel = nil
+			s.mu.Unlock()
+		}
 		cancel()
 		if err != nil {
 			if cancelled {
@@ -218,6 +249,13 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 		s.producer.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
 			s.mu.Lock()
 			p.done, p.err = true, err
+			if s.pollCancel != nil {
+				s.ackSincePoll = true
+				if time.Since(s.pollStart) >= commitInterruptAfter {
+					s.pollCancel()
+					s.pollCancel = nil
+				}
+			}
 			s.mu.Unlock()
 			select {
 			case s.acked <- struct{}{}:

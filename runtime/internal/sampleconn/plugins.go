@@ -34,6 +34,7 @@ const (
 	KeyResources   = "sample.resources"    // fake resources owned at Start (list)
 	KeyFailStopped = "sample.fail.stopped" // Stopped returns an error (resources kept)
 	KeyFlushUpTo   = "sample.flush.upto"   // sink: Flush reports offsets below this one only; -1 = all
+	KeyErrant      = "sample.errant.value" // sink: records with this value go to Host.Errors.Report
 	KeyTaskID      = "sample.task.id"      // set by TaskConfigs
 	KeyPassword    = "sample.password"     // a secret, for masking tests
 	KeyURL         = "sample.url"          // a URL that may hold credentials
@@ -105,6 +106,7 @@ func SourceConfigDef() connect.ConfigDef {
 func SinkConfigDef() connect.ConfigDef {
 	return append(connect.ConfigDef{
 		{Name: KeyFlushUpTo, Type: connect.TypeLong, Default: "-1", Doc: "Flush reports offsets only below this one (per partition); -1 for everything put.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
+		{Name: KeyErrant, Type: connect.TypeString, Doc: "Records with exactly this value are reported as errant (Host.Errors) instead of stored.", Importance: connect.ImportanceLow},
 	}, commonDef()...)
 }
 

@@ -164,7 +164,8 @@ func (t *SourceTask) Stopped(ctx context.Context) error { return t.stopped(ctx) 
 // the next offset after the records it has (limited by sample.flush.upto).
 type SinkTask struct {
 	baseTask
-	upTo int64
+	errant []byte
+	upTo   int64
 	have map[connect.TopicPartition]int64
 }
 
@@ -176,6 +177,9 @@ func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
 	cfg = def.WithDefaults(cfg)
 	u, _ := cfg.Int(KeyFlushUpTo, -1)
 	t.upTo = int64(u)
+	if v, ok := cfg[KeyErrant]; ok && v != "" {
+		t.errant = []byte(v)
+	}
 	t.have = map[connect.TopicPartition]int64{}
 	return nil
 }
@@ -186,7 +190,25 @@ func (t *SinkTask) Put(ctx context.Context, records []connect.SinkRecord) error 
 		return err
 	}
 	t.seen += len(records)
-	t.rec.addSunk(t.host.Connector, records)
+	kept := records
+	if t.errant != nil {
+		kept = nil
+		for _, r := range records {
+			if string(r.Value) != string(t.errant) {
+				kept = append(kept, r)
+				continue
+			}
+			if t.host.Errors == nil {
+				return fmt.Errorf("%s: errant record but the host has no ErrantRecordReporter", t.instance)
+			}
+			if err := t.host.Errors.Report(ctx, r, fmt.Errorf("sample: value %q is errant", r.Value)); err != nil {
+				t.rec.record(t.instance, fmt.Sprintf("Put(%d)", len(records)), err)
+				return err
+			}
+			t.rec.record(t.instance, fmt.Sprintf("Report(%d)", r.Offset), nil)
+		}
+	}
+	t.rec.addSunk(t.host.Connector, kept)
 	for _, r := range records {
 		tp := r.TopicPartition()
 		if r.Offset+1 > t.have[tp] {
