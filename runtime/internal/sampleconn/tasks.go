@@ -166,7 +166,7 @@ type SinkTask struct {
 	baseTask
 	errant []byte
 	upTo   int64
-	have map[connect.TopicPartition]int64
+	have   map[connect.TopicPartition]int64
 }
 
 func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
