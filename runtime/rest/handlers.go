@@ -226,6 +226,9 @@ func (s *server) putConfig(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cfg, msgs := decodeConfig(raw, "config")
+	if looksLikeCreateBody(raw) {
+		msgs = []string{`PUT /connectors/{name}/config takes the config object itself ({"connector.class": "...", ...}), not {"name": ..., "config": {...}}; send that shape to POST /connectors`}
+	}
 	if len(msgs) == 0 {
 		if msg := putName(cfg, name); msg != "" {
 			msgs = append(msgs, msg)
@@ -574,6 +577,17 @@ func (s *server) validate(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, validationResult(v))
 	return nil
+}
+
+// looksLikeCreateBody spots the POST /connectors shape sent to PUT config,
+// a common mistake.
+func looksLikeCreateBody(raw json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return false
+	}
+	c, ok := m["config"]
+	return ok && len(bytes.TrimSpace(c)) > 0 && bytes.TrimSpace(c)[0] == '{'
 }
 
 // samePlugin compares connector.class values as Kafka does: by the class's

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strings"
@@ -217,6 +219,10 @@ func TestEndpoints(t *testing.T) {
 			body: `{"connector.class":"sample.Source","name":"other"}`, wantStatus: 400, wantMsg: []string{"other", "src"}, wantCalls: []string{}},
 		{name: "put config non-string", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"connector.class":"sample.Source","tasks.max":3,"x":null}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, `"x"`, "null"}, wantCalls: []string{}},
+		{name: "put config with the POST body shape", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
+			body: `{"name":"src","config":{"connector.class":"sample.Source"}}`, wantStatus: 400, wantMsg: []string{"config object itself", "POST /connectors"}, wantCalls: []string{}},
+		{name: "body too large", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
+			body: `{"k":"` + strings.Repeat("x", 9<<20) + `"}`, wantStatus: 413, wantMsg: []string{"8 MiB"}, wantCalls: []string{}},
 		{name: "put config invalid", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"connector.class":"sample.Source"}`, wantStatus: 400, wantMsg: []string{"topic"}},
 		{name: "patch config", method: "PATCH", path: "/connectors/src/config", contentType: appJSON,
@@ -342,6 +348,45 @@ func TestDeleteTimeout(t *testing.T) {
 	for _, want := range []string{"did not finish within 50ms", "GET /connectors/src/status", "retry DELETE"} {
 		if !strings.Contains(e.Message, want) {
 			t.Errorf("message %q lacks %q", e.Message, want)
+		}
+	}
+}
+
+// Over a real HTTP server: bodiless requests with a JSON content type and
+// Content-Length 0, HEAD, and a keep-alive connection reused after errors.
+func TestOverHTTP(t *testing.T) {
+	f := newFakeHerder()
+	setup(f)
+	srv := httptest.NewServer(rest.New(f))
+	defer srv.Close()
+	cl := srv.Client()
+	tests := []struct {
+		method, path string
+		body         io.Reader
+		status       int
+	}{
+		{"PUT", "/connectors/src/pause", http.NoBody, 202},
+		{"PUT", "/connectors/src/resume", strings.NewReader(""), 202},
+		{"POST", "/connectors/src/restart", http.NoBody, 204},
+		{"HEAD", "/connectors/src/status", nil, 200},
+		{"GET", "/connectors/nope", nil, 404},
+		{"PATCH", "/connectors/src/pause", nil, 405},
+		{"GET", "/connectors/", nil, 200},
+	}
+	for _, tc := range tests {
+		req, err := http.NewRequest(tc.method, srv.URL+tc.path, tc.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", appJSON)
+		res, err := cl.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != tc.status || res.Header.Get("Content-Type") != appJSON {
+			t.Errorf("%s %s: %d %q, want %d application/json", tc.method, tc.path, res.StatusCode, res.Header.Get("Content-Type"), tc.status)
 		}
 	}
 }
