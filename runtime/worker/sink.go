@@ -320,6 +320,9 @@ func (s *sinkLoop) finish() {
 	}
 	s.noFlush = true
 	s.mu.Unlock()
+	// A loop that ended between poll and AllowRebalance would block the
+	// leave's revoke callback forever.
+	s.consumer.AllowRebalance()
 	s.consumer.Close() // leaving the group revokes: onRevoked closes the partitions
 	s.mu.Lock()
 	if left := slices.Collect(maps.Keys(s.assigned)); len(left) > 0 && s.aware != nil {

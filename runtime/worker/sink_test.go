@@ -1,0 +1,169 @@
+package worker
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+)
+
+func values(recs []connect.SinkRecord) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, string(r.Value))
+	}
+	return out
+}
+
+func TestSinkCommitsOnlyFlushedAndRedeliversAfterRestart(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("sink-"), testenv.Unique("sink-topic-")
+	produce(t, e.brokers, topic, 20, func(i int) string { return fmt.Sprint(i) })
+
+	// Flush reports only offsets below 12: records 12..19 are put but never
+	// reported durable.
+	cfg := sinkConfig(name, topic, sampleconn.KeyFlushUpTo, "12")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.await("20 records put", func() bool { return len(e.rec.Sunk(name)) >= 20 })
+	e.await("offset 12 committed", func() bool { return groupOffset(t, e.brokers, groupID(name), topic, 0) == 12 })
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	e.checkStoppedLast(inst)
+	if got := groupOffset(t, e.brokers, groupID(name), topic, 0); got != 12 {
+		t.Fatalf("committed offset after stop = %d, want 12 (only what Flush reported)", got)
+	}
+	calls := e.rec.CallsOf(inst)
+	if !slices.Contains(calls, "Open(1)") || !slices.Contains(calls, "Close(1)") {
+		t.Errorf("PartitionAware Open/Close not called: %v", calls)
+	}
+	if i, j := slices.Index(calls, "Close(1)"), slices.Index(calls, "Stop(false)"); i < 0 || j < 0 || slices.Index(calls, "Stopped") < i {
+		t.Errorf("Close must come before Stopped: %v", calls)
+	}
+
+	// A fresh instance gets 12..19 again.
+	cfg[sampleconn.KeyFlushUpTo] = "-1"
+	id, err = e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.await("28 records put", func() bool { return len(e.rec.Sunk(name)) >= 28 })
+	redelivered := values(e.rec.Sunk(name)[20:])
+	want := strings.Fields("12 13 14 15 16 17 18 19")
+	if !slices.Equal(redelivered, want) {
+		t.Errorf("after restart got %v, want %v", redelivered, want)
+	}
+	e.await("offset 20 committed", func() bool { return groupOffset(t, e.brokers, groupID(name), topic, 0) == 20 })
+	if got := e.w.Topics(name); !slices.Equal(got, []string{topic}) {
+		t.Errorf("Topics = %v", got)
+	}
+}
+
+func TestSinkTopicsRegex(t *testing.T) {
+	e := newEnv(t)
+	name := testenv.Unique("regex-")
+	prefix := testenv.Unique("rx")
+	produce(t, e.brokers, prefix+"-a", 3, func(i int) string { return "a" + fmt.Sprint(i) })
+	produce(t, e.brokers, prefix+"-b", 2, func(i int) string { return "b" + fmt.Sprint(i) })
+	cfg := sinkConfig(name, "")
+	delete(cfg, KeyTopics)
+	cfg[KeyTopicsRegex] = prefix + "-.*"
+	if _, err := e.startTask(cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("5 records put", func() bool { return len(e.rec.Sunk(name)) >= 5 })
+	if got := e.w.Topics(name); !slices.Equal(got, []string{prefix + "-a", prefix + "-b"}) {
+		t.Errorf("Topics = %v", got)
+	}
+}
+
+func TestSinkErrantRecords(t *testing.T) {
+	tests := []struct {
+		name       string
+		tolerance  string
+		dlq        bool
+		headers    bool
+		wantFailed bool
+	}{
+		{name: "tolerance none fails the task", tolerance: "none", wantFailed: true},
+		{name: "tolerance all skips", tolerance: "all"},
+		{name: "tolerance all to dead letter queue with headers", tolerance: "all", dlq: true, headers: true},
+		{name: "tolerance all to dead letter queue without headers", tolerance: "all", dlq: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name, topic := testenv.Unique("errant-"), testenv.Unique("errant-topic-")
+			dlq := testenv.Unique("dlq-")
+			produce(t, e.brokers, topic, 5, func(i int) string {
+				if i == 2 {
+					return "bad"
+				}
+				return fmt.Sprint(i)
+			})
+			cfg := sinkConfig(name, topic, sampleconn.KeyErrant, "bad", KeyErrorsTolerance, tc.tolerance)
+			if tc.dlq {
+				cfg[KeyDLQTopic] = dlq
+				cfg[KeyDLQContextHeaders] = fmt.Sprint(tc.headers)
+			}
+			id, err := e.startTask(cfg, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantFailed {
+				s := e.awaitTaskState(id, StateFailed)
+				if !strings.Contains(s.Trace, "errors.tolerance is none") {
+					t.Errorf("trace %q does not explain the failure", s.Trace)
+				}
+				e.awaitCall(sampleconn.TaskInstance(name, 0)+" Stopped", 1)
+				e.checkStoppedLast(sampleconn.TaskInstance(name, 0))
+				if st, ok := e.w.TaskStatus(id); !ok || st.State != StateFailed {
+					t.Errorf("TaskStatus = %+v, %v; want FAILED", st, ok)
+				}
+				return
+			}
+			e.await("4 good records put", func() bool { return len(e.rec.Sunk(name)) >= 4 })
+			if got := values(e.rec.Sunk(name)); !slices.Equal(got, []string{"0", "1", "3", "4"}) {
+				t.Errorf("sunk %v", got)
+			}
+			if !tc.dlq {
+				return
+			}
+			recs := consume(t, e.brokers, dlq, 1)
+			if string(recs[0].Value) != "bad" {
+				t.Errorf("dead letter record value %q", recs[0].Value)
+			}
+			hdr := map[string]string{}
+			for _, h := range recs[0].Headers {
+				hdr[h.Key] = string(h.Value)
+			}
+			if !tc.headers {
+				if len(hdr) != 0 {
+					t.Errorf("headers %v, want none", hdr)
+				}
+				return
+			}
+			want := map[string]string{
+				HeaderErrTopic: topic, HeaderErrPartition: "0", HeaderErrOffset: "2",
+				HeaderErrConnector: name, HeaderErrTask: "0", HeaderErrStage: "TASK_PUT",
+				HeaderErrClass: sampleconn.SinkClass,
+			}
+			for k, v := range want {
+				if hdr[k] != v {
+					t.Errorf("header %s = %q, want %q", k, hdr[k], v)
+				}
+			}
+			if !strings.Contains(hdr[HeaderErrExcMessage], "errant") {
+				t.Errorf("header %s = %q", HeaderErrExcMessage, hdr[HeaderErrExcMessage])
+			}
+		})
+	}
+}
