@@ -445,6 +445,9 @@ func (s *server) alterOffsets(w http.ResponseWriter, r *http.Request) error {
 			msgs = append(msgs, `"offsets" must be a list of objects {"partition": {...}, "offset": {...}}`)
 		}
 	}
+	if raw, ok := fields["offsets"]; ok && !isNull(raw) && entries != nil && len(entries) == 0 {
+		msgs = append(msgs, `"offsets" is empty: partitions / offsets need to be provided for an alter offsets request (DELETE /connectors/{name}/offsets resets them all)`)
+	}
 	var offs herder.ConnectorOffsets
 	for i, e := range entries {
 		var o worker.SourceOffset
@@ -504,7 +507,8 @@ func (s *server) resetTopics(w http.ResponseWriter, r *http.Request) error {
 	if err := s.api.ResetTopics(r.Context(), r.PathValue("c")); err != nil {
 		return err
 	}
-	writeEmpty(w, http.StatusOK)
+	// 202 as Kafka answers (Response.accepted()); see decision 0033.
+	writeEmpty(w, http.StatusAccepted)
 	return nil
 }
 
