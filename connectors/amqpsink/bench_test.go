@@ -187,4 +187,3 @@ func peakRSS() int64 {
 	}
 	return 0
 }
-
