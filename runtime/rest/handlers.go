@@ -43,14 +43,13 @@ func (s *server) listConnectors(w http.ResponseWriter, r *http.Request) error {
 	var withStatus, withInfo bool
 	expand := r.URL.Query()["expand"]
 	for _, v := range expand {
-		for _, e := range strings.Split(v, ",") {
-			switch strings.ToLower(strings.TrimSpace(e)) {
-			case "status":
-				withStatus = true
-			case "info":
-				withInfo = true
-			}
-			// Kafka ignores unknown expansions (but still answers a map).
+		// Exact values, as Kafka matches them; Kafka ignores others but
+		// still answers a map.
+		switch v {
+		case "status":
+			withStatus = true
+		case "info":
+			withInfo = true
 		}
 	}
 	if len(expand) == 0 {
