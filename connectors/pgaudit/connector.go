@@ -200,8 +200,8 @@ func schemaRes(db, schema string) connect.Resource {
 	return connect.Resource{Kind: KindSchema, Name: schema, Location: db}
 }
 
-func tableRes(db, schema string, n names) connect.Resource {
-	return connect.Resource{Kind: KindTable, Name: n.table, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
+func tableRes(db, schema, table string) connect.Resource {
+	return connect.Resource{Kind: KindTable, Name: table, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
 }
 
 func functionRes(db, schema string, n names) connect.Resource {
@@ -380,9 +380,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	}
 
 	var (
-		db                                        string
-		schemaExists, tableExists, functionExists bool
-		functionMarker                            *string
+		db                                                      string
+		schemaExists, tableExists, wakeupExists, functionExists bool
+		functionMarker                                          *string
 	)
 	err = tx.QueryRow(ctx, `
 SELECT current_database()::text,
@@ -391,9 +391,11 @@ SELECT current_database()::text,
                WHERE ns.nspname = $1 AND c.relname = $2),
        EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
                WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+               WHERE ns.nspname = $1 AND c.relname = $4),
        (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
                WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0)`,
-		s.auditSchema, n.table, n.function).Scan(&db, &schemaExists, &tableExists, &functionExists, &functionMarker)
+		s.auditSchema, n.table, n.function, n.wakeup).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
@@ -417,10 +419,18 @@ SELECT current_database()::text,
 		}
 	}
 	if !tableExists {
-		if err := own(tableRes(db, s.auditSchema, n)); err != nil {
+		if err := own(tableRes(db, s.auditSchema, n.table)); err != nil {
 			return err
 		}
 		if err := add("0001_audit_table.up.sql", "", v); err != nil {
+			return err
+		}
+	}
+	if !wakeupExists {
+		if err := own(tableRes(db, s.auditSchema, n.wakeup)); err != nil {
+			return err
+		}
+		if err := add("0002_wakeup_table.up.sql", "", v); err != nil {
 			return err
 		}
 	}
@@ -432,13 +442,13 @@ SELECT current_database()::text,
 				return err
 			}
 		}
-		body, err := render("0002_capture_function.body.sql", "", v)
+		body, err := render("0003_capture_function.body.sql", "", v)
 		if err != nil {
 			return err
 		}
 		fv := v
 		fv.Body = quoteLiteral(body)
-		if err := add("0002_capture_function.up.sql", "", fv); err != nil {
+		if err := add("0003_capture_function.up.sql", "", fv); err != nil {
 			return err
 		}
 	}
@@ -465,7 +475,7 @@ SELECT current_database()::text,
 			}
 			tv := v
 			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
-			if err := add("0003_table_triggers.up.sql", e, tv); err != nil {
+			if err := add("0004_table_triggers.up.sql", e, tv); err != nil {
 				return err
 			}
 		}
@@ -490,7 +500,7 @@ SELECT current_database()::text,
 		if existing[t.quoted()+" "+r.Name] {
 			tv := v
 			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{r.Name}.Sanitize()
-			if err := add("0003_table_triggers.down.sql", "", tv); err != nil {
+			if err := add("0004_table_triggers.down.sql", "", tv); err != nil {
 				return err
 			}
 		}

@@ -147,6 +147,7 @@ func configError(errs map[string][]string) error {
 type names struct {
 	base     string // sanitized prefix + hash, <= 48 bytes
 	table    string // audit table
+	wakeup   string // which tasks wait for a NOTIFY
 	function string
 	channel  string // LISTEN/NOTIFY channel
 	marker   string // comment marking owned objects
@@ -180,6 +181,7 @@ func objectNames(connector string) names {
 	return names{
 		base:     base,
 		table:    base + "_audit",
+		wakeup:   base + "_wakeup",
 		function: base + "_capture",
 		channel:  "tidyconnect_" + base,
 		marker:   "tidyconnect:" + connector,

@@ -13,8 +13,8 @@ import (
 
 // sqlVars are the values templates see; every one is already quoted.
 type sqlVars struct {
-	Schema, Table, Function, Body, Channel, Marker string
-	Captured, Trigger                              string
+	Schema, Table, Wakeup, Function, Body, Channel, Marker string
+	Captured, Trigger                                      string
 }
 
 var (
@@ -75,6 +75,7 @@ func (n names) vars(auditSchema string) sqlVars {
 	return sqlVars{
 		Schema:   pgx.Identifier{auditSchema}.Sanitize(),
 		Table:    pgx.Identifier{auditSchema, n.table}.Sanitize(),
+		Wakeup:   pgx.Identifier{auditSchema, n.wakeup}.Sanitize(),
 		Function: pgx.Identifier{auditSchema, n.function}.Sanitize(),
 		Channel:  quoteLiteral(n.channel),
 		Marker:   quoteLiteral(n.marker),

@@ -46,6 +46,14 @@ type Task struct {
 
 	selectSQL string
 	deleteSQL string
+	markSQL   string
+	unmarkSQL string
+
+	// waiting mirrors this task's row in the wakeup table: while it is
+	// true the capture trigger sends NOTIFYs. idleStep is the next wait
+	// without a notification, doubling up to poll.interval.ms.
+	waiting  bool
+	idleStep time.Duration
 
 	inflight      map[int64]struct{} // polled, neither deleted nor pending
 	pendingDelete []int64            // acknowledged, DELETE not yet done
@@ -110,6 +118,9 @@ func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
 	}
 	t.selectSQL += ` ORDER BY id LIMIT $2`
 	t.deleteSQL = `DELETE FROM ` + at + ` WHERE id = ANY($1::bigint[])`
+	wt := pgx.Identifier{s.auditSchema, t.n.wakeup}.Sanitize()
+	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
+	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
 	if err := t.listen(ctx); err != nil {
 		return err
 	}
@@ -205,7 +216,8 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	stop := context.AfterFunc(t.stopCtx, cancel)
 	defer stop()
 
-	deadline := time.Now().Add(time.Duration(t.s.pollInterval) * time.Millisecond)
+	interval := time.Duration(t.s.pollInterval) * time.Millisecond
+	deadline := time.Now().Add(interval)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -221,14 +233,47 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			t.retryLater(ctx, "reading the audit table", err)
 			return nil, nil
 		}
-		if len(recs) > 0 || recs != nil {
+		if recs != nil {
 			t.backoff = 0
+			if len(recs) > 0 {
+				t.idleStep = 0
+				if t.waiting {
+					// Busy again: writers need not notify. A failure only
+					// costs writers some needless NOTIFYs.
+					if _, err := t.pool.Exec(ctx, t.markSQL, t.host.Task, false); err == nil {
+						t.waiting = false
+					}
+				}
+			}
 			return recs, nil
 		}
 		if !time.Now().Before(deadline) {
 			return nil, nil
 		}
-		t.wait(ctx, deadline)
+		if !t.waiting {
+			// Ask for NOTIFYs, then read once more: a change committed
+			// before the mark was visible would otherwise wait.
+			if _, err := t.pool.Exec(ctx, t.markSQL, t.host.Task, true); err != nil {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				if !transient(err) {
+					return nil, fmt.Errorf("marking task %d as waiting in %s.%s: %w", t.host.Task, t.s.auditSchema, t.n.wakeup, err)
+				}
+				t.retryLater(ctx, "marking the task as waiting", err)
+				return nil, nil
+			}
+			t.waiting = true
+			continue
+		}
+		// A writer that checked the mark just before it was set commits
+		// without a NOTIFY: short first waits pick its change up quickly.
+		t.idleStep = min(max(2*t.idleStep, 10*time.Millisecond), interval)
+		until := time.Now().Add(t.idleStep)
+		if until.After(deadline) {
+			until = deadline
+		}
+		t.wait(ctx, until)
 	}
 }
 
@@ -408,6 +453,13 @@ func (t *Task) Stopped(ctx context.Context) error {
 			t.listener = nil
 		}
 		if t.pool != nil {
+			if t.waiting {
+				// No NOTIFYs for a task that is gone; best effort (a row
+				// left behind only costs writers needless NOTIFYs).
+				uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				_, _ = t.pool.Exec(uctx, t.unmarkSQL, t.host.Task)
+				cancel()
+			}
 			t.pool.Close()
 		}
 	})
