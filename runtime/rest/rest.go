@@ -13,8 +13,10 @@ package rest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
@@ -148,8 +150,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.writeError(rec, r, &httpError{status: status, msg: http.StatusText(status)})
 		}
 	} else {
-		// The mux, not h, so that it sets the path values.
-		s.mux.ServeHTTP(rec, r)
+		s.serveRoute(rec, r)
 	}
 
 	status := rec.status
@@ -162,6 +163,29 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.Int("status", status),
 		slog.Duration("duration", time.Since(start)),
 	)
+}
+
+// serveRoute runs the matched handler (through the mux, which sets the path
+// values). A panic in a handler or the herder becomes a JSON 500 instead of
+// a dropped connection, and is logged with its stack.
+func (s *server) serveRoute(w *statusRecorder, r *http.Request) {
+	defer func() {
+		p := recover()
+		if p == nil || p == http.ErrAbortHandler {
+			if p != nil {
+				panic(p)
+			}
+			return
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelError, "rest handler panicked",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.String("panic", scrub(fmt.Sprint(p))), slog.String("stack", string(debug.Stack())))
+		if w.status == 0 {
+			writeJSON(w, http.StatusInternalServerError, errorBody{ErrorCode: http.StatusInternalServerError,
+				Message: "internal error while handling " + r.Method + " " + r.URL.Path + "; the server log has the details"})
+		}
+	}()
+	s.mux.ServeHTTP(w, r)
 }
 
 // statusRecorder remembers the status for the access log.

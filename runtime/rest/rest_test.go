@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -440,6 +441,20 @@ func TestStatesStayInKafkaEnums(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A panicking herder call answers a JSON 500 and is logged.
+func TestPanicBecomes500(t *testing.T) {
+	logs := &syncBuffer{}
+	api := &statusOnly{} // every method but ConnectorStatus panics (nil embedded API)
+	h := newHarness(t, rest.New(api, rest.WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))), logs)
+	res := h.do("GET", "/connectors/c/config", "", "")
+	if res.Status != http.StatusInternalServerError {
+		t.Fatalf("status %d %s", res.Status, res.Body)
+	}
+	if !strings.Contains(logs.String(), "rest handler panicked") || !strings.Contains(logs.String(), `"status":500`) {
+		t.Errorf("panic not logged: %s", logs.String())
 	}
 }
 
