@@ -18,6 +18,7 @@ import (
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/kafka"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 )
 
@@ -188,7 +189,7 @@ func produce(t *testing.T, brokers []string, topic string, n int, value func(i i
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, 1, -1, nil, topic); err != nil {
+	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), 1, -1, topic); err != nil {
 		t.Fatal(err)
 	}
 	var recs []*kgo.Record

@@ -1,0 +1,450 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+)
+
+// TestTaskLifecycle drives one task through each way a task can end and
+// checks the contract: Stopped exactly once and last, Stop before it, the
+// right connectorDeleted, owned resources dropped only on deletion.
+func TestTaskLifecycle(t *testing.T) {
+	tests := []struct {
+		name      string
+		sink      bool
+		extra     []string
+		deleted   bool
+		wantStart bool // StartTask returns an error
+		wantFail  string
+		stopCalls []string // the Stop calls expected, in order
+		dropped   bool
+	}{
+		{name: "source stop", stopCalls: []string{"Stop(false)"}},
+		{name: "source delete", deleted: true, stopCalls: []string{"Stop(true)"}, dropped: true},
+		{name: "sink stop", sink: true, stopCalls: []string{"Stop(false)"}},
+		{name: "sink delete", sink: true, deleted: true, stopCalls: []string{"Stop(true)"}, dropped: true},
+		{name: "source start fails", extra: []string{sampleconn.KeyFailStart, "true"}, wantStart: true, wantFail: "Start failed", stopCalls: []string{"Stop(false)"}},
+		{name: "sink start fails", sink: true, extra: []string{sampleconn.KeyFailStart, "true"}, wantStart: true, wantFail: "Start failed", stopCalls: []string{"Stop(false)"}},
+		{name: "poll fails", extra: []string{sampleconn.KeyFailAfter, "5", sampleconn.KeyBatch, "5"}, wantFail: "Poll failed after 5 records", stopCalls: []string{"Stop(false)"}},
+		{name: "put fails", sink: true, extra: []string{sampleconn.KeyFailAfter, "0"}, wantFail: "Put failed after 0 records", stopCalls: []string{"Stop(false)"}},
+		{name: "poll blocks until ctx, stop", extra: []string{sampleconn.KeyBlock, sampleconn.BlockUntilCtx}, stopCalls: []string{"Stop(false)"}},
+		{name: "put blocks until ctx, delete", sink: true, extra: []string{sampleconn.KeyBlock, sampleconn.BlockUntilCtx}, deleted: true, stopCalls: []string{"Stop(true)"}, dropped: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name, topic := testenv.Unique("life-"), testenv.Unique("life-topic-")
+			extra := append([]string{sampleconn.KeyResources, "r1"}, tc.extra...)
+			var cfg connect.Config
+			if tc.sink {
+				produce(t, e.brokers, topic, 10, func(i int) string { return fmt.Sprint(i) })
+				cfg = sinkConfig(name, topic, extra...)
+			} else {
+				cfg = sourceConfig(name, topic, extra...)
+			}
+			inst := sampleconn.TaskInstance(name, 0)
+			id, err := e.startTask(cfg, 0)
+			if tc.wantStart {
+				if err == nil {
+					t.Fatal("StartTask succeeded, want Start's error")
+				}
+				// StartTask returns after Stop and Stopped.
+				e.checkStoppedLast(inst)
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.wantFail != "":
+				s := e.awaitTaskState(id, StateFailed)
+				if !strings.Contains(s.Trace, tc.wantFail) {
+					t.Errorf("trace %q, want it to contain %q", s.Trace, tc.wantFail)
+				}
+				e.awaitCall(inst+" Stopped", 1)
+				// Stopping a failed task calls nothing more on it.
+				if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, tc.deleted); errs[id] != nil {
+					t.Errorf("StopTasks of a failed task: %v", errs[id])
+				}
+			default:
+				e.awaitTaskState(id, StateRunning)
+				if tc.sink {
+					e.await("records put or a blocked Put", func() bool {
+						return e.rec.CountPrefix(inst+" Put") > 0
+					})
+				} else {
+					e.await("a Poll", func() bool { return e.rec.CountPrefix(inst+" Poll") > 0 })
+				}
+				if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, tc.deleted); errs[id] != nil {
+					t.Fatalf("StopTasks: %v", errs[id])
+				}
+			}
+			e.checkStoppedLast(inst)
+			var stops []string
+			for _, c := range e.rec.CallsOf(inst) {
+				if strings.HasPrefix(c, "Stop(") {
+					stops = append(stops, c)
+				}
+			}
+			if !slices.Equal(stops, tc.stopCalls) {
+				t.Errorf("Stop calls %v, want %v (all calls %v)", stops, tc.stopCalls, e.rec.CallsOf(inst))
+			}
+			res := inst + "/r1"
+			if !tc.wantStart {
+				if got := e.rec.ResourceExists(res); got == tc.dropped {
+					t.Errorf("resource %s exists=%v after the task ended, want exists=%v", res, got, !tc.dropped)
+				}
+			}
+			if _, ok := e.w.TaskStatus(id); ok && tc.wantFail == "" {
+				t.Errorf("a stopped task is still listed")
+			}
+		})
+	}
+}
+
+// TestStopDeliveredMoreThanOnce checks a second StopTasks (here: a deletion
+// after a plain stop began) reaches the task before its Stopped.
+func TestStopDeliveredMoreThanOnce(t *testing.T) {
+	e := newEnv(t, WithGracefulTimeout(200*time.Millisecond))
+	name, topic := testenv.Unique("twice-"), testenv.Unique("twice-topic-")
+	cfg := sourceConfig(name, topic, sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx, sampleconn.KeyResources, "r")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.awaitCall(inst+" Poll blocking", 1)
+	errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false)
+	if !errors.Is(errs[id], errAbandoned) {
+		t.Fatalf("StopTasks of a task ignoring its context: %v, want abandoned", errs[id])
+	}
+	errs = e.w.StopTasks(e.ctx(), []TaskID{id}, true)
+	if !errors.Is(errs[id], errAbandoned) {
+		t.Fatalf("second StopTasks: %v, want abandoned", errs[id])
+	}
+	if got := e.rec.CallsOf(inst); !slices.Contains(got, "Stop(false)") || !slices.Contains(got, "Stop(true)") || slices.Contains(got, "Stopped") {
+		t.Fatalf("calls %v: want both Stop calls and no Stopped yet", got)
+	}
+	e.rec.ReleaseBlocked()
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+	if e.rec.ResourceExists(inst + "/r") {
+		t.Error("the deletion's Stop(true) did not make Stopped drop the resource")
+	}
+}
+
+// TestGracefulTimeoutAbandons checks a task that ignores cancellation is
+// reported, does not hold up other tasks or Close, and still gets Stopped
+// once when its call returns.
+func TestGracefulTimeoutAbandons(t *testing.T) {
+	e := newEnv(t, WithGracefulTimeout(10*time.Second))
+	stuck, other := testenv.Unique("stuck-"), testenv.Unique("other-")
+	topic := testenv.Unique("stuck-topic-")
+	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+	// The per-connector key overrides the worker's 10s.
+	stuckCfg := sinkConfig(stuck, topic, sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx, KeyGracefulTimeout, "300")
+	otherCfg := sourceConfig(other, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx)
+	stuckID, err := e.startTask(stuckCfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID, err := e.startTask(otherCfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuckInst := sampleconn.TaskInstance(stuck, 0)
+	e.awaitCall(stuckInst+" Put blocking", 1)
+	e.awaitCall(sampleconn.TaskInstance(other, 0)+" Poll blocking", 1)
+
+	start := time.Now()
+	errs := e.w.StopTasks(e.ctx(), []TaskID{stuckID, otherID}, false)
+	if !errors.Is(errs[stuckID], errAbandoned) {
+		t.Errorf("stuck task: %v, want abandoned", errs[stuckID])
+	}
+	if errs[otherID] != nil {
+		t.Errorf("other task: %v", errs[otherID])
+	}
+	if el := time.Since(start); el > 8*time.Second {
+		t.Errorf("StopTasks took %v: the connector's 300 ms graceful timeout was not used", el)
+	}
+	e.checkStoppedLast(sampleconn.TaskInstance(other, 0))
+	if st, ok := e.w.TaskStatus(stuckID); !ok || !st.Abandoned {
+		t.Errorf("TaskStatus of the stuck task = %+v, %v; want Abandoned", st, ok)
+	}
+	if s, _ := e.lastEvent(stuck, 0); !s.Abandoned {
+		t.Errorf("listener not told of the abandonment: %+v", s)
+	}
+	if n := e.rec.Count(stuckInst + " Stopped"); n != 0 {
+		t.Fatalf("Stopped called while Put is still blocked")
+	}
+	// A restart may replace the abandoned instance.
+	if _, err := e.startTask(stuckCfg, 0); err != nil {
+		t.Errorf("restarting over an abandoned instance: %v", err)
+	}
+
+	e.rec.ReleaseBlocked()
+	e.awaitCall(stuckInst+" Stopped", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.w.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	// Two instances ran under this id; each got exactly one Stopped, last.
+	calls := e.rec.CallsOf(stuckInst)
+	if n := e.rec.Count(stuckInst + " Stopped"); n != 2 || calls[len(calls)-1] != "Stopped" {
+		t.Errorf("calls %v: want two instances each ending with one Stopped", calls)
+	}
+}
+
+func TestPauseAndResume(t *testing.T) {
+	for _, sink := range []bool{false, true} {
+		t.Run(map[bool]string{false: "source", true: "sink"}[sink], func(t *testing.T) {
+			e := newEnv(t)
+			name, topic := testenv.Unique("pause-"), testenv.Unique("pause-topic-")
+			var cfg connect.Config
+			call := "Poll("
+			if sink {
+				produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+				cfg = sinkConfig(name, topic)
+				call = "Put("
+			} else {
+				cfg = sourceConfig(name, topic, sampleconn.KeyCount, "-1", sampleconn.KeyRate, "200", sampleconn.KeyBatch, "2")
+			}
+			inst := sampleconn.TaskInstance(name, 0)
+			id, err := e.startTask(cfg, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.await("a first "+call, func() bool { return e.rec.CountPrefix(inst+" "+call) > 0 })
+			e.w.SetTargetState(name, TargetPaused)
+			e.awaitTaskState(id, StatePaused)
+			if s, _ := e.w.TaskStatus(id); s.State != StatePaused {
+				t.Errorf("TaskStatus = %+v", s)
+			}
+			// Whatever was in progress has returned; from now on nothing.
+			before := e.rec.CountPrefix(inst + " " + call)
+			if sink {
+				produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(5 + i) })
+			}
+			time.Sleep(300 * time.Millisecond) // a window in which a call would show up
+			if after := e.rec.CountPrefix(inst + " " + call); after != before {
+				t.Errorf("%d %s calls while paused", after-before, call)
+			}
+			if n := e.rec.CountPrefix(inst + " Stop("); n != 0 {
+				t.Errorf("pause called Stop: %v", e.rec.CallsOf(inst))
+			}
+			e.w.SetTargetState(name, TargetRunning)
+			e.awaitTaskState(id, StateRunning)
+			if sink {
+				e.await("records after resume", func() bool { return len(e.rec.Sunk(name)) >= 10 })
+			} else {
+				e.await("Polls after resume", func() bool { return e.rec.CountPrefix(inst+" "+call) > before+2 })
+			}
+			if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+				t.Fatal(errs[id])
+			}
+			e.checkStoppedLast(inst)
+		})
+	}
+}
+
+// TestConnectorLifecycle covers the connector instance operations and the
+// deletion order: tasks (Stop(true), Stopped) before the connector.
+func TestConnectorLifecycle(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("conn-"), testenv.Unique("conn-topic-")
+	cfg := sourceConfig(name, topic, KeyTasksMax, "2", sampleconn.KeyResources, "shared", sampleconn.KeyBlock, sampleconn.BlockUntilCtx)
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger}); !errors.Is(err, ErrAlreadyExists) {
+		t.Errorf("second StartConnector: %v, want ErrAlreadyExists", err)
+	}
+	if s, ok := e.w.ConnectorStatus(name); !ok || s.State != StateRunning || s.WorkerID != "test-worker" {
+		t.Errorf("ConnectorStatus = %+v, %v", s, ok)
+	}
+	tcs, err := e.w.TaskConfigs(e.ctx(), name)
+	if err != nil || len(tcs) != 2 {
+		t.Fatalf("TaskConfigs = %v, %v; want 2", tcs, err)
+	}
+	var ids []TaskID
+	for i, tc := range tcs {
+		id := TaskID{Connector: name, Task: i}
+		ids = append(ids, id)
+		if err := e.w.StartTask(e.ctx(), TaskRun{ID: id, ConnectorConfig: cfg, TaskConfig: tc, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.w.SetTargetState(name, TargetPaused)
+	if s, _ := e.w.ConnectorStatus(name); s.State != StatePaused {
+		t.Errorf("connector status after pause: %+v", s)
+	}
+	e.w.SetTargetState(name, TargetRunning)
+	for _, err := range e.w.StopTasks(e.ctx(), ids, true) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.w.StopConnector(e.ctx(), name, true); err != nil {
+		t.Fatal(err)
+	}
+	connStop := e.rec.Index(sampleconn.ConnectorInstance(name) + " Stop(true)")
+	for i := range 2 {
+		inst := sampleconn.TaskInstance(name, i)
+		e.checkStoppedLast(inst)
+		if e.rec.Index(inst+" Stopped") > connStop {
+			t.Errorf("task %d Stopped after the connector's Stop", i)
+		}
+	}
+	e.checkStoppedLast(sampleconn.ConnectorInstance(name))
+	if left := e.rec.Resources(); len(left) != 0 {
+		t.Errorf("resources left after deletion: %v", left)
+	}
+	if owned, _ := e.ledger.List(e.ctx()); len(owned) != 0 {
+		t.Errorf("ledger after deletion: %v", owned)
+	}
+	if _, ok := e.w.ConnectorStatus(name); ok {
+		t.Error("a stopped connector is still listed")
+	}
+	if _, err := e.w.TaskConfigs(e.ctx(), name); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("TaskConfigs after stop: %v", err)
+	}
+}
+
+func TestConnectorStartFailsAndStopped(t *testing.T) {
+	tests := []struct {
+		name        string
+		target      TargetState
+		failStart   bool
+		wantState   State
+		wantStarted bool
+	}{
+		{"running", TargetRunning, false, StateRunning, true},
+		{"paused", TargetPaused, false, StatePaused, true},
+		{"stopped target never starts", TargetStopped, false, StateStopped, false},
+		{"start fails", TargetRunning, true, StateFailed, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name := testenv.Unique("cstart-")
+			cfg := sourceConfig(name, "t", sampleconn.KeyFailStart, fmt.Sprint(tc.failStart))
+			err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: tc.target})
+			if (err != nil) != tc.failStart {
+				t.Fatalf("StartConnector: %v", err)
+			}
+			s, _ := e.w.ConnectorStatus(name)
+			if s.State != tc.wantState {
+				t.Errorf("state %s, want %s", s.State, tc.wantState)
+			}
+			if ev, _ := e.lastEvent(name, -1); ev.State != tc.wantState {
+				t.Errorf("listener last got %+v", ev)
+			}
+			inst := sampleconn.ConnectorInstance(name)
+			if err := e.w.StopConnector(e.ctx(), name, false); err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantStarted {
+				e.checkStoppedLast(inst)
+			} else if calls := e.rec.CallsOf(inst); len(calls) != 0 {
+				t.Errorf("an instance never started got calls %v", calls)
+			}
+		})
+	}
+}
+
+func TestUnknownPluginAndBadConfig(t *testing.T) {
+	e := newEnv(t)
+	cfg := sourceConfig("x", "t")
+	cfg[KeyConnectorClass] = "nope"
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: "x", Config: cfg}); !errors.Is(err, ErrUnknownPlugin) {
+		t.Errorf("StartConnector: %v", err)
+	}
+	bad := sinkConfig("y", "")
+	bad[KeyOffsetFlushInterval] = "soon"
+	_, err := e.startTask(bad, 0)
+	if err == nil || !strings.Contains(err.Error(), KeyOffsetFlushInterval) || !strings.Contains(err.Error(), KeyTopics) {
+		t.Errorf("StartTask with a bad config: %v, want an error naming %s and %s", err, KeyOffsetFlushInterval, KeyTopics)
+	}
+}
+
+func TestCloseStopsEverythingWithoutLeaks(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		e := newEnv(t)
+		name, topic := testenv.Unique("close-"), testenv.Unique("close-topic-")
+		sinkName := testenv.Unique("close-sink-")
+		produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+		if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic), Ledger: e.ledger}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx, sampleconn.KeyBlockAfter, "10"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.startTask(sinkConfig(sinkName, topic), 0); err != nil {
+			t.Fatal(err)
+		}
+		e.await("records flowing", func() bool { return len(e.rec.Sunk(sinkName)) >= 5 })
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := e.w.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, inst := range []string{sampleconn.TaskInstance(name, 0), sampleconn.TaskInstance(sinkName, 0), sampleconn.ConnectorInstance(name)} {
+			e.checkStoppedLast(inst)
+			if slices.Contains(e.rec.CallsOf(inst), "Stop(true)") {
+				t.Errorf("%s: Close delivered a deletion", inst)
+			}
+		}
+		// Tasks before the connector.
+		if e.rec.Index(sampleconn.TaskInstance(name, 0)+" Stopped") > e.rec.Index(sampleconn.ConnectorInstance(name)+" Stop(false)") {
+			t.Error("Close stopped the connector before its task finished")
+		}
+		if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic)}); !errors.Is(err, ErrClosed) {
+			t.Errorf("StartConnector after Close: %v", err)
+		}
+	}()
+	// The kfake broker's goroutines end with its t.Cleanup, after this
+	// test body; allow for them.
+	awaitGoroutines(t, before+40)
+}
+
+func TestStatusListenerSeesEveryChange(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("events-"), testenv.Unique("events-topic-")
+	id, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyFailAfter, "4", sampleconn.KeyBatch, "2"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.awaitTaskState(id, StateFailed)
+	var mu sync.Mutex
+	_ = &mu
+	e.mu.Lock()
+	var states []State
+	for _, ev := range e.events {
+		if ev.connector == name && ev.task == 0 {
+			states = append(states, ev.status.State)
+			if ev.status.WorkerID != "test-worker" {
+				t.Errorf("event without worker id: %+v", ev)
+			}
+		}
+	}
+	e.mu.Unlock()
+	if !slices.Equal(states, []State{StateRunning, StateFailed}) {
+		t.Errorf("states %v, want RUNNING then FAILED", states)
+	}
+	// Records acknowledged before the failure were committed.
+	e.awaitCall(sampleconn.TaskInstance(name, 0)+" Stopped", 1)
+	if got := positions(e.rec.Committed(name)); !slices.Equal(got, seq(0, 4)) {
+		t.Errorf("committed %v before the failure, want 0..3", got)
+	}
+}
