@@ -170,9 +170,15 @@ func (c *chain) sinkConfig() map[string]string {
 }
 
 // deploy creates both connectors and waits for them and their queues.
-func (c *chain) deploy() {
+// srcOverrides change the source's test config (benchmarks use the
+// defaults' batch size).
+func (c *chain) deploy(srcOverrides ...string) {
 	c.t.Helper()
-	c.api.create(c.src, c.srcConfig())
+	src := c.srcConfig()
+	for i := 0; i+1 < len(srcOverrides); i += 2 {
+		src[srcOverrides[i]] = srcOverrides[i+1]
+	}
+	c.api.create(c.src, src)
 	c.api.create(c.sink, c.sinkConfig())
 	c.api.awaitRunning(c.src)
 	c.api.awaitRunning(c.sink)
