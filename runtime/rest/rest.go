@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"runtime/debug"
 	"time"
 
@@ -117,12 +118,13 @@ func (s *server) routes() {
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w}
-	// Kafka (Jersey) tolerates a trailing slash on every path.
-	if p := r.URL.Path; len(p) > 1 && p[len(p)-1] == '/' {
+	// Kafka (Jersey) tolerates a trailing slash on every path. Cleaning here
+	// also keeps the mux from answering an unclean path with an HTML 301.
+	if p := cleanPath(r.URL.Path); p != r.URL.Path {
 		r2 := r.Clone(r.Context())
-		r2.URL.Path = p[:len(p)-1]
+		r2.URL.Path = p
 		if r.URL.RawPath != "" {
-			r2.URL.RawPath = r.URL.RawPath[:len(r.URL.RawPath)-1]
+			r2.URL.RawPath = cleanPath(r.URL.RawPath)
 		}
 		r = r2
 	}
@@ -163,6 +165,17 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		slog.Int("status", status),
 		slog.Duration("duration", time.Since(start)),
 	)
+}
+
+// cleanPath is path.Clean without a trailing slash, rooted.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	if p[0] != '/' {
+		p = "/" + p
+	}
+	return path.Clean(p)
 }
 
 // serveRoute runs the matched handler (through the mux, which sets the path

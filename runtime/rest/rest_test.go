@@ -247,6 +247,7 @@ func TestEndpoints(t *testing.T) {
 			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"dial amqp://guest:xxxxx@mq:5672/: refused"}`},
 		// Routing.
 		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, wantMsg: []string{"no such endpoint"}},
+		{name: "unclean path is cleaned, not redirected", method: "GET", path: "/connectors//src/./tasks/../status/", wantStatus: 200, wantBody: srcStatus},
 		{name: "unknown sub-route", method: "GET", path: "/connectors/src/bogus", wantStatus: 404},
 		{name: "wrong method", method: "DELETE", path: "/connectors/src/status", wantStatus: 405, wantMsg: []string{"DELETE"}, wantHeader: map[string]string{"Allow": "GET, HEAD"}},
 		{name: "wrong method on collection", method: "PUT", path: "/connectors", wantStatus: 405},
