@@ -61,11 +61,26 @@ type entry struct {
 	msgID string
 	state entryState
 	err   error
+	part  *partState
 }
+
+func (e *entry) resolved() bool { return e.state == stateConfirmed || e.state == stateSkipped }
 
 type partState struct {
 	entries []*entry // in offset order; resolved ones are trimmed from the front
 	next    int64    // offset after the last record Put
+}
+
+// trimLocked drops the resolved prefix, so memory follows the unconfirmed
+// messages, not the time since the last Flush. Re-slicing keeps the array;
+// append reallocates it with only the live part once it is full.
+func (p *partState) trimLocked() {
+	i := 0
+	for i < len(p.entries) && p.entries[i].resolved() {
+		p.entries[i] = nil
+		i++
+	}
+	p.entries = p.entries[i:]
 }
 
 // session is one connection, its confirm-mode channel and the pump reading
@@ -231,6 +246,8 @@ func (t *Task) resolve(sess *session, c amqp.Confirmation) {
 	}
 	if reason == "" {
 		e.state = stateConfirmed
+		e.rec = connect.SinkRecord{Offset: e.rec.Offset} // the payload is no longer needed
+		e.part.trimLocked()
 	} else {
 		e.state, e.err = stateFailed, fmt.Errorf("message %s %s", e.msgID, reason)
 		t.failed = append(t.failed, e)
@@ -425,6 +442,7 @@ func (t *Task) reportFailed(ctx context.Context) error {
 		}
 		t.mu.Lock()
 		e.state = stateSkipped
+		e.part.trimLocked()
 		t.signalLocked()
 		t.mu.Unlock()
 		t.log.Warn("undeliverable record reported to the error handler", "message_id", e.msgID, "err", e.err)
@@ -489,6 +507,7 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 			p = &partState{}
 			t.parts[tp] = p
 		}
+		e.part = p
 		p.entries = append(p.entries, e)
 		p.next = r.Offset + 1
 		t.mu.Unlock()
@@ -569,14 +588,7 @@ func (t *Task) offsets() map[connect.TopicPartition]int64 {
 	defer t.mu.Unlock()
 	out := make(map[connect.TopicPartition]int64, len(t.parts))
 	for tp, p := range t.parts {
-		i := 0
-		for i < len(p.entries) && (p.entries[i].state == stateConfirmed || p.entries[i].state == stateSkipped) {
-			i++
-		}
-		if i > 0 {
-			// Drop the resolved prefix without keeping the old array alive.
-			p.entries = slices.Clone(p.entries[i:])
-		}
+		p.trimLocked()
 		if len(p.entries) > 0 {
 			out[tp] = p.entries[0].rec.Offset
 		} else {
