@@ -36,10 +36,15 @@ type sourceLoop struct {
 	mu    sync.Mutex
 	acked chan struct{} // capacity 1: "some callback ran"
 
-	queue    []*pending            // Poll order, not yet committed
-	byPart   map[string][]*pending // per source partition, not yet folded into offsets
-	offsets  map[string]SourceOffset
-	dirty    map[string]bool // offsets not yet written to the store
+	queue  []*pending            // Poll order, not yet committed
+	byPart map[string][]*pending // per source partition, not yet folded into offsets
+
+	// The offsets are written by a flusher goroutine, so an idle Poll does
+	// not hold them back.
+	offMu   sync.Mutex
+	offsets map[string]SourceOffset
+	dirty   map[string]bool // offsets not yet written to the store
+	putMu   sync.Mutex      // one store write at a time
 	lastPtr  uintptr         // cache of the last source partition map's key
 	lastKey  string
 	firstErr error
@@ -109,9 +114,26 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 		acked: make(chan struct{}, 1), byPart: map[string][]*pending{},
 		offsets: map[string]SourceOffset{}, dirty: map[string]bool{},
 	}
-	final = s.finish
-	flush := time.NewTicker(t.set.flushInterval)
-	defer flush.Stop()
+	flushCtx, stopFlusher := context.WithCancel(context.Background())
+	flusherDone := make(chan struct{})
+	go func() {
+		defer close(flusherDone)
+		tick := time.NewTicker(t.set.flushInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-flushCtx.Done():
+				return
+			case <-tick.C:
+				s.writeOffsets()
+			}
+		}
+	}()
+	final = func() {
+		stopFlusher()
+		<-flusherDone
+		s.finish()
+	}
 	var idle *time.Timer
 	defer func() {
 		if idle != nil {
@@ -133,15 +155,8 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 			case <-changed:
 			case <-s.acked:
 				s.wake = true
-			case <-flush.C:
-				s.writeOffsets()
 			}
 			continue
-		}
-		select {
-		case <-flush.C:
-			s.writeOffsets()
-		default:
 		}
 		ctx, cancel := t.loopContext()
 		var interrupt *time.Timer
@@ -295,8 +310,10 @@ func (s *sourceLoop) processAcks() error {
 		}
 		if m > 0 {
 			last := ps[m-1].rec
+			s.offMu.Lock()
 			s.offsets[key] = SourceOffset{Partition: last.SourcePartition, Offset: last.SourceOffset}
 			s.dirty[key] = true
+			s.offMu.Unlock()
 			if m == len(ps) {
 				delete(s.byPart, key)
 			} else {
@@ -325,21 +342,32 @@ func (s *sourceLoop) processAcks() error {
 
 // writeOffsets writes the offsets acknowledged since the last write.
 func (s *sourceLoop) writeOffsets() {
+	s.putMu.Lock()
+	defer s.putMu.Unlock()
+	s.offMu.Lock()
 	if len(s.dirty) == 0 {
+		s.offMu.Unlock()
 		return
 	}
+	keys := make([]string, 0, len(s.dirty))
 	batch := make([]SourceOffset, 0, len(s.dirty))
 	for key := range s.dirty {
+		keys = append(keys, key)
 		batch = append(batch, s.offsets[key])
 	}
+	clear(s.dirty)
+	s.offMu.Unlock()
 	ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
 	defer cancel()
 	if err := s.t.w.offsets.Put(ctx, s.t.id.Connector, batch); err != nil {
-		// Kept dirty: the next flush retries.
+		// Marked dirty again: the next flush retries.
+		s.offMu.Lock()
+		for _, k := range keys {
+			s.dirty[k] = true
+		}
+		s.offMu.Unlock()
 		s.t.log.Error("writing source offsets failed; will retry at the next flush", "error", err, "partitions", len(batch))
-		return
 	}
-	clear(s.dirty)
 }
 
 // finish waits (within the rest of the graceful timeout) for in-flight
