@@ -505,3 +505,75 @@ func TestValidate(t *testing.T) {
 		t.Errorf("PluginConfig(nope) = %v", err)
 	}
 }
+
+// TestDeleteFromEveryState: whatever state the connector is in, DELETE
+// ends with every owned resource dropped by an instance that got Stop(true)
+// and no instance getting Stop(false) once the deletion began.
+func TestDeleteFromEveryState(t *testing.T) {
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, hs *harness, name string)
+		// cleanupOnly: no instance runs, so a fresh cleanup-only one must.
+		cleanupOnly bool
+	}{
+		{"running", func(*testing.T, *harness, string) {}, false},
+		{"paused", func(t *testing.T, hs *harness, name string) {
+			if err := hs.h.Pause(testCtx(t), name); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"stopped", func(t *testing.T, hs *harness, name string) {
+			if err := hs.h.Stop(testCtx(t), name); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"after a restart of the herder", func(t *testing.T, hs *harness, name string) {
+			if err := hs.h.Stop(testCtx(t), name); err != nil {
+				t.Fatal(err)
+			}
+			hs.restart()
+		}, true},
+	}
+	for _, kind := range workerKinds {
+		for _, tc := range cases {
+			t.Run(kind+"/"+tc.name, func(t *testing.T) {
+				rec := sampleconn.NewRecorder()
+				hs := newHarness(t, kind, t.TempDir(), rec, nil)
+				name := testenv.Unique("del-")
+				if _, err := hs.h.CreateConnector(testCtx(t), name, sourceConfig(testenv.Unique("t-"), 2), ""); err != nil {
+					t.Fatal(err)
+				}
+				hs.awaitRunning(name, 2)
+				tc.setup(t, hs, name)
+				mark := len(rec.Calls())
+				if err := hs.h.DeleteConnector(testCtx(t), name); err != nil {
+					t.Fatalf("DeleteConnector: %v", err)
+				}
+				after := rec.Calls()[mark:]
+				var connCalls []string
+				for _, c := range after {
+					if c.Method == "Stop(false)" {
+						t.Errorf("%s got Stop(false) during the deletion", c.Instance)
+					}
+					if c.Instance == sampleconn.ConnectorInstance(name) {
+						connCalls = append(connCalls, c.Method)
+					}
+				}
+				want := []string{"Stop(true)", "Stopped"}
+				if tc.cleanupOnly {
+					want = []string{"Start", "Stop(true)", "Stopped"}
+				}
+				connCalls = slices.Compact(connCalls) // Stop may repeat
+				if !slices.Equal(connCalls, want) {
+					t.Errorf("connector calls during deletion = %v, want %v", connCalls, want)
+				}
+				if res := rec.Resources(); len(res) != 0 {
+					t.Errorf("resources left: %v", res)
+				}
+				if names, _ := hs.h.Connectors(testCtx(t)); slices.Contains(names, name) {
+					t.Errorf("connector still listed")
+				}
+			})
+		}
+	}
+}
