@@ -51,6 +51,9 @@ func TestConformance(t *testing.T) {
 			b.declareQueue(q, "quorum")
 			return connect.Resource{Kind: KindQueue, Name: q, Location: location(u)}
 		},
+		SinkRecords: func(t testing.TB, cfg connect.Config) []connect.SinkRecord {
+			return []connect.SinkRecord{rec("orders", 0, 5, "k", "a"), rec("orders", 1, 9, "", "b"), rec("payments", 0, 0, "", "c"), rec("orders", 0, 6, "", "d")}
+		},
 		BrokenConfig: func(t testing.TB) connect.Config {
 			return baseConfig(t, "amqp://guest:guest@127.0.0.1:1/", "orders")
 		},

@@ -47,6 +47,11 @@ type Subject struct {
 	// the external system currently has. Optional; when set the kit checks
 	// it drops to zero after Stopped.
 	Connections func(ctx context.Context, name string) (int, error)
+	// SinkRecords returns records a sink connector's task can deliver with
+	// cfg (at most a few per partition, offsets increasing). Optional; when
+	// set the kit checks that Put and Flush report exactly the delivered
+	// offsets and that Stop makes a Put with a cancelled context return.
+	SinkRecords func(t testing.TB, cfg connect.Config) []connect.SinkRecord
 	// Timeout bounds each step; default 30s.
 	Timeout time.Duration
 }
@@ -60,6 +65,9 @@ func Run(t *testing.T, s Subject) {
 	t.Run("DeleteDropsOwnedResources", func(t *testing.T) { deleteDropsOwned(t, s) })
 	t.Run("StopIsRepeatableAndConcurrent", func(t *testing.T) { stopRepeatable(t, s) })
 	t.Run("StopInterruptsPoll", func(t *testing.T) { stopInterruptsPoll(t, s) })
+	if s.SinkRecords != nil {
+		t.Run("SinkFlushReportsDelivered", func(t *testing.T) { sinkFlushReportsDelivered(t, s) })
+	}
 	if s.PreExisting != nil {
 		t.Run("PreExistingNeverDropped", func(t *testing.T) { preExistingNeverDropped(t, s) })
 	}
@@ -378,4 +386,51 @@ func sameSet(a, b []connect.Resource) bool {
 		}
 	}
 	return true
+}
+
+// sinkFlushReportsDelivered puts records into every sink task, flushes, and
+// expects each partition's next offset after the last record; then a Put
+// whose context is cancelled, with Stop called concurrently, must return.
+func sinkFlushReportsDelivered(t *testing.T, s Subject) {
+	cfg := s.Config(t)
+	ledger := connect.NewMemoryLedger()
+	in := start(t, s, cfg, ledger)
+	defer func() {
+		if err := in.stop(true); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	}()
+	recs := s.SinkRecords(t, cfg)
+	want := map[connect.TopicPartition]int64{}
+	for _, r := range recs {
+		want[r.TopicPartition()] = max(want[r.TopicPartition()], r.Offset+1)
+	}
+	for i, task := range in.tasks {
+		sink, ok := task.(connect.SinkTask)
+		if !ok {
+			continue
+		}
+		if err := sink.Put(s.ctx(t), recs); err != nil {
+			t.Fatalf("task %d Put: %v", i, err)
+		}
+		got, err := sink.Flush(s.ctx(t))
+		if err != nil {
+			t.Fatalf("task %d Flush: %v", i, err)
+		}
+		for tp, o := range want {
+			if got[tp] != o {
+				t.Errorf("task %d: Flush reported offset %d for %v, want %d (the next offset after the delivered records)", i, got[tp], tp, o)
+			}
+		}
+		ctx, cancel := context.WithCancel(s.ctx(t))
+		done := make(chan error, 1)
+		go func() { done <- sink.Put(ctx, recs) }()
+		cancel()
+		sink.Stop(false)
+		select {
+		case <-done:
+		case <-time.After(s.Timeout):
+			t.Fatalf("task %d: Put did not return after its context was cancelled and Stop was called", i)
+		}
+	}
 }
