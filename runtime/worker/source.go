@@ -231,6 +231,9 @@ func (s *sourceLoop) partitionKey(m map[string]any) (string, error) {
 
 func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 	t := s.t
+	// One allocation per batch for the bookkeeping and the Kafka records.
+	ps := make([]pending, len(recs))
+	krs := make([]kgo.Record, len(recs))
 	for i := range recs {
 		r := &recs[i]
 		if r.Topic == "" {
@@ -250,10 +253,12 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 		if err != nil {
 			return err
 		}
-		p := &pending{rec: *r, pkey: key}
+		p := &ps[i]
+		p.rec, p.pkey = *r, key
 		s.queue = append(s.queue, p)
 		s.byPart[key] = append(s.byPart[key], p)
-		kr := &kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+		kr := &krs[i]
+		kr.Topic, kr.Partition, kr.Key, kr.Value, kr.Timestamp = r.Topic, r.Partition, r.Key, r.Value, r.Timestamp
 		if len(r.Headers) > 0 {
 			kr.Headers = make([]kgo.RecordHeader, len(r.Headers))
 			for j, h := range r.Headers {
