@@ -238,3 +238,52 @@ func TestEndToEndKafka(t *testing.T) {
 		t.Errorf("connectors after deletion: %s", res.Body)
 	}
 }
+
+// A task whose Poll fails is FAILED with the error as trace; a restart
+// with onlyFailed brings back that task only, as Kafka answers it (202,
+// RESTARTING for what restarts).
+func TestEndToEndKafkaFailedTaskRestart(t *testing.T) {
+	e := newKafkaE2E(t)
+	name, topic := testenv.Unique("e2e-fail-"), testenv.Unique("e2e-topic-")
+	c0, t0, t1 := sampleconn.ConnectorInstance(name), sampleconn.TaskInstance(name, 0), sampleconn.TaskInstance(name, 1)
+	e.expect("POST", "/connectors", fmt.Sprintf(`{"name":%q,"config":{"connector.class":"sample-source","tasks.max":"2",
+		"sample.topic":%q,"sample.count":"-1","sample.rate":"200","sample.fail.after":"5","sample.fail.task":"1"}}`, name, topic), 201)
+	e.awaitStates(name, "RUNNING RUNNING FAILED")
+	st := e.status(name)
+	if !strings.Contains(st.Tasks[1].Trace, "failed after 5 records") || st.Tasks[0].Trace != "" {
+		t.Errorf("traces: task 0 %q, task 1 %q", st.Tasks[0].Trace, st.Tasks[1].Trace)
+	}
+	var ts struct {
+		ID    int
+		State string
+		Trace string
+	}
+	e.expect("GET", "/connectors/"+name+"/tasks/1/status", "", 200).json(t, &ts)
+	if ts.ID != 1 || ts.State != "FAILED" || ts.Trace == "" {
+		t.Errorf("task status %+v", ts)
+	}
+
+	res := e.expect("POST", "/connectors/"+name+"/restart?includeTasks=true&onlyFailed=true", "", 202)
+	var planned wireStatus
+	res.json(t, &planned)
+	if got := planned.Connector.State + " " + planned.Tasks[0].State + " " + planned.Tasks[1].State; got != "RUNNING RUNNING RESTARTING" {
+		t.Errorf("restart answered %s, want RUNNING RUNNING RESTARTING", got)
+	}
+	// Only the failed task is restarted, never as a deletion: its old
+	// instance's Stopped (whenever the worker ran it) precedes the new Start.
+	eventually(t, "task 1 started again", func() (bool, string) {
+		got := e.lifecycle(t1)
+		return slices.Index(got, "Stopped") >= 0 && slices.Index(got[slices.Index(got, "Stopped"):], "Start") >= 0, fmt.Sprint(got)
+	})
+	if got := e.lifecycle(t1); slices.Contains(got, "Stop(true)") || got[0] != "Start" {
+		t.Errorf("task 1 lifecycle %q", got)
+	}
+	for _, in := range []string{c0, t0} {
+		if got := e.lifecycle(in); !slices.Equal(got, []string{"Start"}) {
+			t.Errorf("%s lifecycle %q, want only Start", in, got)
+		}
+	}
+	// The fresh instance fails again after its own 5 records.
+	e.awaitStates(name, "RUNNING RUNNING FAILED")
+	e.expect("DELETE", "/connectors/"+name, "", 204)
+}
