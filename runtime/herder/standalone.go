@@ -82,6 +82,11 @@ func WithKafkaAdmin(adm *kadm.Client) Option { return func(h *Standalone) { h.ad
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(h *Standalone) { h.log = l } }
 
+// WithWorkerID sets the worker_id shown in statuses the herder makes up
+// itself (STOPPED, UNASSIGNED, a failed deletion); the worker's own
+// statuses carry its id.
+func WithWorkerID(id string) Option { return func(h *Standalone) { h.workerID = id } }
+
 // WithKafkaClusterID sets the cluster id GET / reports.
 func WithKafkaClusterID(id string) Option { return func(h *Standalone) { h.clusterID = id } }
 
@@ -118,6 +123,7 @@ type Standalone struct {
 	adm       *kadm.Client
 	log       *slog.Logger
 	clusterID string
+	workerID  string
 	retryMin  time.Duration
 	retryMax  time.Duration
 	hook      func(point, connector string)
@@ -977,12 +983,18 @@ func (h *Standalone) statusOf(c *conn) ConnectorStatus {
 	default:
 		s = worker.Status{State: worker.StateUnassigned}
 	}
+	if s.WorkerID == "" {
+		s.WorkerID = h.workerID
+	}
 	st.Connector = s
 	if del == nil && rec.Target != worker.TargetStopped || del != nil && len(rec.Tasks) > 0 {
 		for i := range rec.Tasks {
 			ts, ok := h.instanceStatus(worker.TaskID{Connector: c.name, Task: i})
 			if !ok || ts.State == worker.StateStopped {
 				ts = worker.Status{State: worker.StateUnassigned}
+			}
+			if ts.WorkerID == "" {
+				ts.WorkerID = h.workerID
 			}
 			st.Tasks = append(st.Tasks, TaskStatus{ID: i, Status: ts})
 		}

@@ -234,7 +234,7 @@ func TestInitialStatesAndStatuses(t *testing.T) {
 	for _, kind := range workerKinds {
 		t.Run(kind, func(t *testing.T) {
 			rec := sampleconn.NewRecorder()
-			hs := newHarness(t, kind, t.TempDir(), rec, nil)
+			hs := newHarness(t, kind, t.TempDir(), rec, nil, WithWorkerID("test:8083"))
 			ctx := testCtx(t)
 			topic := testenv.Unique("t-")
 			cases := []struct {
@@ -257,11 +257,13 @@ func TestInitialStatesAndStatuses(t *testing.T) {
 					st, _ := hs.h.ConnectorStatus(ctx, name)
 					return st.Connector.State == tc.state && len(st.Tasks) == tc.tasks
 				})
+				st, _ := hs.h.ConnectorStatus(ctx, name)
+				if st.Connector.WorkerID == "" || slices.ContainsFunc(st.Tasks, func(ts TaskStatus) bool { return ts.WorkerID == "" }) {
+					t.Errorf("%s: a status without worker_id: %+v", name, st)
+				}
 			}
 			// A task whose Start failed is FAILED with the error as trace,
 			// and a task restart brings it back (here: fails again).
-			name := fmt.Sprintf("%s-%d", "", 3)
-			_ = name
 			names, _ := hs.h.Connectors(ctx)
 			failing := names[slices.IndexFunc(names, func(n string) bool { return strings.HasSuffix(n, "-3") })]
 			pollUntil(t, "task FAILED", func() bool {
