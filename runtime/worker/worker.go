@@ -90,7 +90,7 @@ func WithOffsetFlushInterval(d time.Duration) Opt { return func(w *Worker) { w.f
 
 // WithMaxInFlightRecords bounds, per source task, the records produced but
 // not yet acknowledged; Poll is not called while the bound is reached
-// (default 20000).
+// (default 50000).
 func WithMaxInFlightRecords(n int) Opt { return func(w *Worker) { w.maxInFlight = n } }
 
 // WithTopicCreation sets the defaults of topic.creation.default.partitions
@@ -120,7 +120,7 @@ func New(opts ...Opt) (*Worker, error) {
 		grace:            5 * time.Second,
 		stoppedTimeout:   time.Minute,
 		flushInterval:    60 * time.Second,
-		maxInFlight:      20000,
+		maxInFlight:      50000,
 		topicPartitions:  -1,
 		topicReplication: -1,
 		logger:           slog.Default(),
