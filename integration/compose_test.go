@@ -659,6 +659,11 @@ func TestComposeTidyconnectFlagsAccepted(t *testing.T) {
 	for k := range s.Environment {
 		if name, ok := strings.CutPrefix(k, "TIDYCONNECT_"); ok {
 			check("docker-compose.yml environment "+k, strings.ReplaceAll(strings.ToLower(name), "_", "-"))
+			// The help names the variable each flag reads: the variable
+			// itself, not only the flag, must exist.
+			if !strings.Contains(string(out), k) {
+				t.Errorf("docker-compose.yml sets %s, but `tidyconnect standalone --help` does not name it as a flag's variable", k)
+			}
 		}
 	}
 	for _, a := range s.Command[1:] {
