@@ -44,10 +44,11 @@ type Task struct {
 	db       string
 	meta     map[tableName]*tableMeta
 
-	selectSQL string
-	deleteSQL string
-	markSQL   string
-	unmarkSQL string
+	selectSQL      string
+	deleteSQL      string
+	deleteRangeSQL string
+	markSQL        string
+	unmarkSQL      string
 
 	// waiting mirrors this task's row in the wakeup table: while it is
 	// true the capture trigger sends NOTIFYs. idleStep is the next wait
@@ -118,6 +119,7 @@ func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
 	}
 	t.selectSQL += ` ORDER BY id LIMIT $2`
 	t.deleteSQL = `DELETE FROM ` + at + ` WHERE id = ANY($1::bigint[])`
+	t.deleteRangeSQL = `DELETE FROM ` + at + ` WHERE id BETWEEN $1 AND $2`
 	wt := pgx.Identifier{s.auditSchema, t.n.wakeup}.Sanitize()
 	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
 	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
@@ -311,7 +313,7 @@ func (t *Task) wait(ctx context.Context, deadline time.Time) {
 
 func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 	if len(t.pendingDelete) > 0 {
-		if _, err := t.pool.Exec(ctx, t.deleteSQL, t.pendingDelete); err != nil {
+		if _, err := t.deleteIDs(ctx, t.pendingDelete); err != nil {
 			return nil, err
 		}
 		t.pendingDelete = nil
@@ -423,7 +425,7 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 	for _, id := range ids {
 		delete(t.inflight, id)
 	}
-	if _, err := t.pool.Exec(ctx, t.deleteSQL, ids); err != nil {
+	if _, err := t.deleteIDs(ctx, ids); err != nil {
 		if !transient(err) && ctx.Err() == nil {
 			t.pendingDelete = append(t.pendingDelete, ids...)
 			return fmt.Errorf("deleting %d delivered rows from the audit table %s.%s: %w", len(ids), t.s.auditSchema, t.n.table, err)
@@ -432,6 +434,24 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		t.host.Logger.Warn("deleting delivered rows failed; retrying on the next poll (they are not sent again meanwhile)", "error", err, "rows", len(ids))
 	}
 	return nil
+}
+
+// deleteIDs deletes delivered rows: one index range scan when the ids are
+// consecutive (the usual case), else an id list.
+func (t *Task) deleteIDs(ctx context.Context, ids []int64) (pgconn.CommandTag, error) {
+	lo, hi := slices.Min(ids), slices.Max(ids)
+	if hi-lo+1 == int64(len(ids)) && len(ids) == len(uniq(ids)) {
+		return t.pool.Exec(ctx, t.deleteRangeSQL, lo, hi)
+	}
+	return t.pool.Exec(ctx, t.deleteSQL, ids)
+}
+
+func uniq(ids []int64) map[int64]struct{} {
+	m := make(map[int64]struct{}, len(ids))
+	for _, id := range ids {
+		m[id] = struct{}{}
+	}
+	return m
 }
 
 // Stop interrupts a blocking Poll; the connections stay open until Stopped.
