@@ -40,8 +40,10 @@ type Task interface {
 type SourceTask interface {
 	Task
 	// Poll returns the next batch of records, or nil when there is nothing
-	// yet. It may block; ctx is cancelled when the task is stopped or paused.
-	// Returning ctx.Err() after cancellation is not a failure.
+	// yet. It may block; ctx is cancelled when the task is stopped or paused,
+	// and also when acknowledged records are waiting for Commit (Commit runs
+	// between Poll calls, so a Poll blocked on an idle source would hold it
+	// back). Returning nil or ctx.Err() after cancellation is not a failure.
 	Poll(ctx context.Context) ([]SourceRecord, error)
 	// Commit is called with records that Kafka has acknowledged (acks=all),
 	// in the order Poll returned them. Every record Poll returned is either
