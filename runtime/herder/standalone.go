@@ -1009,12 +1009,15 @@ func (h *Standalone) statusOf(c *conn) ConnectorStatus {
 // --- API: offsets
 
 func (h *Standalone) Offsets(ctx context.Context, name string) (ConnectorOffsets, error) {
-	c, err := h.lookup(ctx, name)
-	if err != nil {
-		return ConnectorOffsets{}, err
+	// Reading works any time, also during a long stop or deletion: no c.op.
+	c := h.get(name)
+	if c == nil {
+		return ConnectorOffsets{}, ErrNotFound
 	}
-	defer c.unlock()
-	if c.spec.Type == connect.TypeSink {
+	h.mu.Lock()
+	typ := c.spec.Type
+	h.mu.Unlock()
+	if typ == connect.TypeSink {
 		return h.sinkOffsets(ctx, name)
 	}
 	offs, err := h.store.AllOffsets(ctx, name)
