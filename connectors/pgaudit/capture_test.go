@@ -223,3 +223,32 @@ func TestRestartResumes(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoTasks: with tasks.max=2 each task reads only its own tables.
+func TestTwoTasks(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "one")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "two")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("two-"), url, auditSchemaFor(t, db), s+".one", s+".two")
+	cfg[KeyTasksMax] = "2"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	if len(r.tasks) != 2 {
+		t.Fatalf("%d tasks, want 2", len(r.tasks))
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "one")+` SELECT g FROM generate_series(1, 30) g`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "two")+` SELECT g FROM generate_series(1, 20) g`)
+	for i, want := range []struct {
+		table string
+		n     int
+	}{{"one", 30}, {"two", 20}} {
+		single := &running{t: t, name: r.name, tasks: []*Task{r.tasks[i]}}
+		for _, c := range single.collect(want.n, true) {
+			if c.Source.Table != want.table {
+				t.Errorf("task %d got a change of %s, want only %s", i, c.Source.Table, want.table)
+			}
+		}
+		single.quiet()
+	}
+}
