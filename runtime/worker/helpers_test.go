@@ -179,8 +179,13 @@ func (e *env) checkStoppedLast(instance string) {
 	}
 }
 
-// produce writes n records value-0..value-(n-1) to topic partition 0.
+// produce creates topic (partitions as given by producePartitions, default
+// 1) and writes n records value(0)..value(n-1) to partition 0.
 func produce(t *testing.T, brokers []string, topic string, n int, value func(i int) string) {
+	producePartitions(t, brokers, topic, 1, n, value)
+}
+
+func producePartitions(t *testing.T, brokers []string, topic string, partitions int32, n int, value func(i int) string) {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.AllowAutoTopicCreation())
 	if err != nil {
@@ -189,12 +194,15 @@ func produce(t *testing.T, brokers []string, topic string, n int, value func(i i
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), 1, -1, topic); err != nil {
+	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), partitions, -1, topic); err != nil {
 		t.Fatal(err)
 	}
 	var recs []*kgo.Record
 	for i := range n {
 		recs = append(recs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(value(i))})
+	}
+	if len(recs) == 0 {
+		return
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -288,3 +296,22 @@ var _ = slices.Equal[[]int64]
 func stickyForTest() kgo.TopicPartitioner { return kgo.StickyKeyPartitioner(nil).ForTopic("t") }
 
 func recordWithPartition(p int32) *kgo.Record { return &kgo.Record{Topic: "t", Partition: p} }
+
+func newProducer(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func produceTo(t *testing.T, cl *kgo.Client, topic string, p int32, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Partition: p, Value: []byte(value)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -167,3 +167,52 @@ func TestSinkErrantRecords(t *testing.T) {
 		})
 	}
 }
+
+// TestSinkRebalanceFlushesAndCommitsRevoked runs two tasks of one sink in
+// one group: when the second joins, the first loses a partition, and that
+// partition is flushed and committed at once (the periodic flush is an hour
+// away) and closed.
+func TestSinkRebalanceFlushesAndCommitsRevoked(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("rebalance-"), testenv.Unique("rebalance-topic-")
+	producePartitions(t, e.brokers, topic, 2, 0, nil)
+	// Two partitions with 5 records each.
+	cl := newProducer(t, e.brokers)
+	for p := range int32(2) {
+		for i := range 5 {
+			produceTo(t, cl, topic, p, fmt.Sprintf("p%d-%d", p, i))
+		}
+	}
+	cfg := sinkConfig(name, topic, KeyOffsetFlushInterval, "3600000")
+	if _, err := e.startTask(cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	first := sampleconn.TaskInstance(name, 0)
+	e.await("10 records put by task 0", func() bool { return len(e.rec.Sunk(name)) >= 10 })
+	if got0, got1 := groupOffset(t, e.brokers, groupID(name), topic, 0), groupOffset(t, e.brokers, groupID(name), topic, 1); got0 != -1 || got1 != -1 {
+		t.Fatalf("offsets committed before any flush: %d, %d", got0, got1)
+	}
+	if _, err := e.startTask(cfg, 1); err != nil {
+		t.Fatal(err)
+	}
+	e.await("a partition revoked from task 0", func() bool {
+		return e.rec.CountPrefix(first+" Close(") > 0
+	})
+	calls := e.rec.CallsOf(first)
+	flush, closeIdx := slices.Index(calls, "Flush"), slices.IndexFunc(calls, func(c string) bool { return strings.HasPrefix(c, "Close(") })
+	if flush < 0 || flush > closeIdx {
+		t.Errorf("no Flush before Close on revoke: %v", calls)
+	}
+	committed := 0
+	for p := range int32(2) {
+		if groupOffset(t, e.brokers, groupID(name), topic, p) == 5 {
+			committed++
+		}
+	}
+	if committed == 0 {
+		t.Errorf("the revoked partition's flushed offset (5) was not committed on revoke")
+	}
+	e.await("task 1 opened a partition", func() bool {
+		return e.rec.CountPrefix(sampleconn.TaskInstance(name, 1)+" Open(") > 0
+	})
+}
