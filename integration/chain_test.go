@@ -46,12 +46,20 @@ type chain struct {
 
 // newChain prepares the services and starts a worker; it skips the test
 // when cmd/tidyconnect does not exist yet or a service is unavailable.
-func newChain(t testing.TB) *chain {
+//
+// By default Kafka is outside the worker (testenv.KafkaBrokers); with
+// embedded true the worker runs its own broker under its data dir, as
+// `tidyconnect standalone` does without --bootstrap-servers.
+func newChain(t testing.TB, embedded ...bool) *chain {
 	t.Helper()
 	if !hasCommand() {
 		t.Skip("cmd/tidyconnect has no Go sources yet: the integration suite needs the tidyconnect binary")
 	}
-	c := &chain{t: t, pgURL: testenv.PostgresURL(t), amqpURL: testenv.RabbitMQURL(t), brokers: testenv.KafkaBrokers(t)}
+	c := &chain{t: t, pgURL: testenv.PostgresURL(t), amqpURL: testenv.RabbitMQURL(t)}
+	useEmbedded := len(embedded) > 0 && embedded[0]
+	if !useEmbedded {
+		c.brokers = testenv.KafkaBrokers(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
 	c.ctx = ctx
@@ -82,7 +90,13 @@ func newChain(t testing.TB) *chain {
 	t.Cleanup(c.dropEverything)
 	c.loadDemoSchema()
 
-	c.w = startWorker(t, withBrokers(c.brokers))
+	if useEmbedded {
+		// A fixed port: clients of the restarted worker find the broker
+		// where the previous one was.
+		c.w = startWorker(t, withEmbeddedKafka(freeAddr(t)))
+	} else {
+		c.w = startWorker(t, withBrokers(c.brokers))
+	}
 	c.api = c.w.api()
 	t.Cleanup(func() {
 		// A secret in a log is a bug even when every assertion passed.

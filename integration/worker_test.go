@@ -46,6 +46,14 @@ func withBrokers(brokers []string) workerOpt {
 	}
 }
 
+// withEmbeddedKafka makes the worker run its embedded broker on addr, with
+// its data under the worker's data dir.
+func withEmbeddedKafka(addr string) workerOpt {
+	return func(w *worker) {
+		w.env = append(w.env, "TIDYCONNECT_EMBEDDED_KAFKA_ADDR="+addr)
+	}
+}
+
 // startWorker starts the binary configured the way docker-compose.yml
 // configures it: through TIDYCONNECT_* environment variables.
 func startWorker(t testing.TB, opts ...workerOpt) *worker {
