@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -426,8 +425,6 @@ func TestStatusListenerSeesEveryChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.awaitTaskState(id, StateFailed)
-	var mu sync.Mutex
-	_ = &mu
 	e.mu.Lock()
 	var states []State
 	for _, ev := range e.events {
@@ -446,5 +443,53 @@ func TestStatusListenerSeesEveryChange(t *testing.T) {
 	e.awaitCall(sampleconn.TaskInstance(name, 0)+" Stopped", 1)
 	if got := positions(e.rec.Committed(name)); !slices.Equal(got, seq(0, 4)) {
 		t.Errorf("committed %v before the failure, want 0..3", got)
+	}
+}
+
+func TestProduceErrorFailsSourceTask(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("toolarge-"), testenv.Unique("toolarge-topic-")
+	// A 2 MB value exceeds the producer's 1 MB batch limit.
+	id, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyValueSize, "2000000", sampleconn.KeyBatch, "1", sampleconn.KeyCount, "3"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.awaitTaskState(id, StateFailed)
+	if !strings.Contains(s.Trace, "producing to Kafka failed") {
+		t.Errorf("trace %q", s.Trace)
+	}
+	e.awaitCall(sampleconn.TaskInstance(name, 0)+" Stopped", 1)
+	e.checkStoppedLast(sampleconn.TaskInstance(name, 0))
+	if n := len(e.rec.Committed(name)); n != 0 {
+		t.Errorf("%d records committed that Kafka refused", n)
+	}
+	if n := len(e.store.All(name)); n != 0 {
+		t.Errorf("offsets stored for refused records: %v", e.store.All(name))
+	}
+}
+
+func TestRequestTaskReconfiguration(t *testing.T) {
+	asked := make(chan string, 1)
+	e := newEnv(t, WithTaskReconfigurationHandler(func(c string) { asked <- c }))
+	name := testenv.Unique("reconf-")
+	var host *connect.Host
+	cfg := sourceConfig(name, "t")
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger}); err != nil {
+		t.Fatal(err)
+	}
+	e.w.mu.Lock()
+	host = e.w.connectors[name].host
+	e.w.mu.Unlock()
+	if host.RequestTaskReconfiguration == nil || host.Offsets == nil || host.Task != -1 || host.Logger == nil {
+		t.Fatalf("connector host %+v", host)
+	}
+	host.RequestTaskReconfiguration()
+	select {
+	case got := <-asked:
+		if got != name {
+			t.Errorf("reconfiguration asked for %q", got)
+		}
+	case <-e.ctx().Done():
+		t.Fatal("the handler was not called")
 	}
 }
