@@ -41,10 +41,10 @@ type sourceLoop struct {
 
 	// The offsets are written by a flusher goroutine, so an idle Poll does
 	// not hold them back.
-	offMu   sync.Mutex
-	offsets map[string]SourceOffset
-	dirty   map[string]bool // offsets not yet written to the store
-	putMu   sync.Mutex      // one store write at a time
+	offMu    sync.Mutex
+	offsets  map[string]SourceOffset
+	dirty    map[string]bool // offsets not yet written to the store
+	putMu    sync.Mutex      // one store write at a time
 	lastPtr  uintptr         // cache of the last source partition map's key
 	lastKey  string
 	firstErr error
