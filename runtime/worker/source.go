@@ -45,7 +45,7 @@ type sourceLoop struct {
 	offsets  map[string]SourceOffset
 	dirty    map[string]bool // offsets not yet written to the store
 	putMu    sync.Mutex      // one store write at a time
-	lastPtr  uintptr         // cache of the last source partition map's key
+	lastMap  map[string]any  // the last source partition map (kept alive so its address is not reused)
 	lastKey  string
 	firstErr error
 	wake     bool // an ack was seen by a wait: scan even if acked is empty
@@ -217,15 +217,15 @@ func (s *sourceLoop) partitionKey(m map[string]any) (string, error) {
 		return "null", nil
 	}
 	// Tasks usually reuse one map per source partition: skip re-encoding.
-	ptr := reflect.ValueOf(m).Pointer()
-	if ptr == s.lastPtr && s.lastKey != "" {
+	// Like record bytes, a map handed over by Poll must not be mutated.
+	if s.lastMap != nil && reflect.ValueOf(m).Pointer() == reflect.ValueOf(s.lastMap).Pointer() {
 		return s.lastKey, nil
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
 		return "", fmt.Errorf("source partition %v is not JSON-encodable: %w", m, err)
 	}
-	s.lastPtr, s.lastKey = ptr, string(b)
+	s.lastMap, s.lastKey = m, string(b)
 	return s.lastKey, nil
 }
 
