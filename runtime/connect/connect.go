@@ -131,6 +131,9 @@ type SourceRecord struct {
 	// system. They are stored as JSON once Kafka acknowledges the record and
 	// given back through Host.Offsets after a restart. Values must be JSON
 	// encodable (string, float64, int64, bool, nil, nested maps and slices).
+	// The runtime keeps both maps until the record is committed: reuse one
+	// SourcePartition map per partition freely, but never mutate a map (or
+	// Key/Value bytes) after Poll returned it.
 	SourcePartition map[string]any
 	SourceOffset    map[string]any
 
