@@ -493,3 +493,31 @@ func TestRequestTaskReconfiguration(t *testing.T) {
 		t.Fatal("the handler was not called")
 	}
 }
+
+func TestCleanupOnlyTaskMovesNoData(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("cleanup-"), testenv.Unique("cleanup-topic-")
+	cfg := sourceConfig(name, topic, sampleconn.KeyResources, "r")
+	id := TaskID{Connector: name}
+	// A first instance owns the resource; the cleanup-only one drops it.
+	if _, err := e.startTask(cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	polls := e.rec.CountPrefix(inst + " Poll")
+	if err := e.w.StartTask(e.ctx(), TaskRun{ID: id, ConnectorConfig: cfg, TaskConfig: cfg, Ledger: e.ledger, Target: TargetRunning, CleanupOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, true); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	if n := e.rec.CountPrefix(inst + " Poll"); n != polls {
+		t.Errorf("a cleanup-only instance was polled %d times", n-polls)
+	}
+	if e.rec.ResourceExists(inst + "/r") {
+		t.Error("the cleanup-only instance's Stop(true)+Stopped did not drop the owned resource")
+	}
+}

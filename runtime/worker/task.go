@@ -260,6 +260,16 @@ func (t *taskInstance) runTask() {
 		t.log.Error("task failed to start", "error", err)
 		t.setStatus(Status{State: StateFailed, Trace: err.Error()})
 		close(t.loopDone)
+	} else if t.run.CleanupOnly {
+		// Started only so Stop(true) and Stopped can clean up: no data moves.
+		for {
+			stopping, _, changed := t.state()
+			if stopping {
+				break
+			}
+			<-changed
+		}
+		close(t.loopDone)
 	} else {
 		switch task := t.task.(type) {
 		case connect.SourceTask:
