@@ -175,7 +175,8 @@ func (c *conn) unlock() { <-c.op }
 
 // NewStandalone creates the herder, then completes every deletion recorded
 // before the last shutdown (or crash), then starts the stored connectors in
-// their target states. Close stops them (never as a deletion).
+// their target states in the background (see AwaitStarted). Close stops
+// them (never as a deletion).
 func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 	h := &Standalone{
 		log:      slog.Default(),
@@ -208,6 +209,7 @@ func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 	h.bgCtx, h.bgCancel = context.WithCancel(context.Background())
 	if err := h.recover(ctx); err != nil {
 		h.bgCancel()
+		h.bgWG.Wait()
 		_ = w.Close(context.Background())
 		return nil, err
 	}
@@ -271,16 +273,35 @@ func (h *Standalone) recover(ctx context.Context) error {
 			h.log.Warn("pending deletion failed; the connector stays visible and is retried in the background", "connector", in.Connector, "error", err)
 		}
 	}
+	// The others start in the background, each in a goroutine the herder
+	// owns: a connector whose Start blocks (an unreachable database) must
+	// not hold up the REST API or the other connectors. Until started they
+	// show UNASSIGNED; operations on them wait for the start.
 	for _, r := range recs {
 		c := h.get(r.Name)
-		if c == nil || h.deletionOf(c) != nil {
+		if c == nil || h.deletionOf(c) != nil || c.rec.Target == worker.TargetStopped {
 			continue
 		}
+		c.op <- struct{}{} // taken now, so every later operation comes after the start
+		h.bgWG.Add(1)
+		go func() {
+			defer h.bgWG.Done()
+			defer c.unlock()
+			h.startLocked(h.bgCtx, c)
+		}()
+	}
+	return nil
+}
+
+// AwaitStarted waits until the connectors found at start-up have been
+// started (or failed to), or ctx ends.
+func (h *Standalone) AwaitStarted(ctx context.Context) error {
+	h.mu.Lock()
+	conns := slices.Collect(maps.Values(h.conns))
+	h.mu.Unlock()
+	for _, c := range conns {
 		if err := c.lock(ctx); err != nil {
 			return err
-		}
-		if c.rec.Target != worker.TargetStopped {
-			h.startLocked(ctx, c)
 		}
 		c.unlock()
 	}
