@@ -14,8 +14,9 @@
 #   DEMO_WORKER_RABBITMQ_URL  rabbitmq.url the worker should use (default DEMO_RABBITMQ_URL)
 #   DEMO_RABBITMQCTL          rabbitmqctl command       (default rabbitmqctl)
 # Exit status: 0 when every check passed, 1 otherwise.
+# shellcheck disable=SC2317 # helpers are called indirectly, through check and await
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 REST="${DEMO_REST_URL:-http://localhost:8083}"
 SRC=pgaudit-demo
@@ -29,12 +30,12 @@ FAILED=0
 RUN=$(date +%s) # tags this run's rows: the topics may hold earlier runs' changes
 
 if [ -n "${DEMO_POSTGRES_URL:-}" ]; then
-  MODE=env
+  MODE="env"
   psql_() { psql "$DEMO_POSTGRES_URL" -X -q -At -v ON_ERROR_STOP=1 "$@"; }
   rabbitmqctl_() { ${DEMO_RABBITMQCTL:-rabbitmqctl} "$@"; }
   : "${DEMO_RABBITMQ_URL:?set DEMO_RABBITMQ_URL too (amqp://user:pass@host:5672/)}"
 else
-  MODE=compose
+  MODE="compose"
   psql_() { docker compose exec -T postgres psql -U postgres -d demo -X -q -At -v ON_ERROR_STOP=1 "$@"; }
   rabbitmqctl_() { docker compose exec -T rabbitmq rabbitmqctl "$@"; }
   MGMT="${DEMO_RABBITMQ_API:-http://localhost:15672/api}"
