@@ -151,6 +151,9 @@ func (s *sinkLoop) put() error {
 	if len(s.pending) == 0 {
 		return nil
 	}
+	if stopping, paused, _ := s.t.state(); stopping || paused {
+		return nil // a pause or stop arrived during the fetch: no Put now
+	}
 	for _, r := range s.pending {
 		if !s.known[r.Topic] {
 			s.known[r.Topic] = true
