@@ -46,7 +46,7 @@ type Worker struct {
 	connectors map[string]*connInstance
 	tasks      map[TaskID]*taskInstance
 	topics     map[string]map[string]bool
-	wg         sync.WaitGroup // every task goroutine
+	wg         sync.WaitGroup // every task goroutine and connector stop
 }
 
 // Opt configures a Worker.
@@ -379,7 +379,11 @@ func (w *Worker) StopConnector(ctx context.Context, name string, connectorDelete
 		return nil
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.finish(w, connectorDeleted) }()
+	w.wg.Add(1) // Close waits for a Stopped that outlives this call
+	go func() {
+		defer w.wg.Done()
+		done <- c.finish(w, connectorDeleted)
+	}()
 	var err error
 	select {
 	case err = <-done:
