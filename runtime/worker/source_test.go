@@ -1,8 +1,10 @@
 package worker
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
@@ -148,4 +150,50 @@ func TestSourceRecordPartitionHonoured(t *testing.T) {
 		}
 	}
 	_ = fmt.Sprint()
+}
+
+// orderStore checks, at every Put, that the task's Stopped has not run yet.
+type orderStore struct {
+	*MemoryOffsetStore
+	rec      *sampleconn.Recorder
+	instance string
+	late     atomic.Int32
+}
+
+func (s *orderStore) Put(ctx context.Context, connector string, offs []SourceOffset) error {
+	if s.rec.Count(s.instance+" Stopped") > 0 {
+		s.late.Add(1)
+	}
+	return s.MemoryOffsetStore.Put(ctx, connector, offs)
+}
+
+func TestSourceFinalOffsetWriteBeforeStopped(t *testing.T) {
+	name, topic := testenv.Unique("final-"), testenv.Unique("final-topic-")
+	inst := sampleconn.TaskInstance(name, 0)
+	store := &orderStore{MemoryOffsetStore: NewMemoryOffsetStore(), instance: inst}
+	e := newEnv(t, WithOffsetStore(store))
+	store.rec = e.rec
+	// The periodic write is an hour away: only the write on stop can store.
+	cfg := sourceConfig(name, topic, sampleconn.KeyCount, "20", KeyOffsetFlushInterval, "3600000")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.await("20 committed", func() bool { return len(e.rec.Committed(name)) >= 20 })
+	if n := len(store.All(name)); n != 0 {
+		t.Fatalf("offsets written before the flush interval: %v", store.All(name))
+	}
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	all := store.All(name)
+	if len(all) != 1 {
+		t.Fatalf("stored %v, want one partition", all)
+	}
+	if p, _ := sampleconn.Position(all[0].Offset); p != 19 {
+		t.Errorf("stored position %d, want 19", p)
+	}
+	if store.late.Load() != 0 {
+		t.Error("offsets written after Stopped")
+	}
 }
