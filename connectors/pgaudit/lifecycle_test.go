@@ -322,3 +322,30 @@ func TestDeleteWhileUnreachable(t *testing.T) {
 		t.Error("objects survived the retried deletion")
 	}
 }
+
+// TestStopAloneInterruptsPoll: Stop interrupts a Poll blocked in its LISTEN
+// wait even when the runtime did not cancel the Poll's context.
+func TestStopAloneInterruptsPoll(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "idle")+` (id int)`)
+	cfg := baseConfig(testenv.Unique("stop-"), url, auditSchemaFor(t, db), s+".idle")
+	cfg[KeyPollIntervalMS] = "600000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.tasks[0].Poll(context.Background()) // never cancelled by the caller
+		done <- err
+	}()
+	awaitWaiting(t, db, qualified(cfg[KeyAuditSchema], objectNames(r.name).wakeup), true)
+	r.tasks[0].Stop(false)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Poll returned no error after Stop; want the cancellation")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Poll still blocked 30s after Stop")
+	}
+}
