@@ -36,6 +36,7 @@ type taskInstance struct {
 	stopCalled bool // Stop was called at least once
 	final      bool // Stopped is about to be called: no more Stop calls
 	abandoned  bool // the graceful timeout passed while Poll/Put ran
+	startBegan bool // Start was called: Stop may be delivered from now on
 	loopCancel context.CancelFunc
 	stopAt     time.Time
 
@@ -132,6 +133,9 @@ func (t *taskInstance) requestStop(deleted bool) {
 		t.loopCancel()
 	}
 	t.cancel()
+	if !t.startBegan {
+		return // runTask sees stopping and never starts the instance
+	}
 	// Under t.mu so that no Stop call follows or overlaps Stopped; Stop
 	// returns quickly by contract.
 	t.stopCalled = true
@@ -240,6 +244,17 @@ func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
 
 // runTask is the task goroutine.
 func (t *taskInstance) runTask() {
+	t.mu.Lock()
+	if t.stopping {
+		// Stopped before Start was attempted: nothing is ever called.
+		t.mu.Unlock()
+		close(t.started)
+		close(t.loopDone)
+		close(t.done)
+		return
+	}
+	t.startBegan = true
+	t.mu.Unlock()
 	t.log.Info("starting task", "class", t.class, "cleanup_only", t.run.CleanupOnly)
 	err := t.task.Start(t.hctx, t.run.TaskConfig.Clone())
 	t.startErr = err
