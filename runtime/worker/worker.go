@@ -224,6 +224,8 @@ type connInstance struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	startDone chan struct{} // closed when Start returned (or was skipped)
+
 	mu       sync.Mutex
 	status   Status
 	target   TargetState
@@ -264,7 +266,7 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	typ := conn.Spec().Type
 	host := w.host(run.Name, -1, run.Ledger, run.CleanupOnly, typ)
 	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target}
+	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target, startDone: make(chan struct{})}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -285,6 +287,7 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	w.mu.Unlock()
 
 	if run.Target == TargetStopped && !run.CleanupOnly {
+		close(c.startDone)
 		c.setStatus(w, Status{State: StateStopped})
 		return nil
 	}
@@ -297,6 +300,7 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	stopWatch := context.AfterFunc(ctx, cancel)
 	err := conn.Start(c.ctx, run.Config.Clone())
 	stopWatch()
+	close(c.startDone)
 	if err != nil {
 		host.Logger.Error("connector failed to start", "error", err)
 		c.setStatus(w, Status{State: StateFailed, Trace: err.Error()})
@@ -321,6 +325,7 @@ func (c *connInstance) finish(w *Worker, deleted bool) error {
 	c.mu.Unlock()
 	c.cancel()
 	c.conn.Stop(deleted)
+	<-c.startDone // Stopped comes after Start returned, even if Stop raced it
 	sctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), c.host), w.stoppedTimeout)
 	defer cancel()
 	err := c.conn.Stopped(sctx)
