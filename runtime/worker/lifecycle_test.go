@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -519,5 +521,67 @@ func TestCleanupOnlyTaskMovesNoData(t *testing.T) {
 	}
 	if e.rec.ResourceExists(inst + "/r") {
 		t.Error("the cleanup-only instance's Stop(true)+Stopped did not drop the owned resource")
+	}
+}
+
+// attrRecorder keeps every log record's message and attributes.
+type attrRecorder struct {
+	mu    *sync.Mutex
+	recs  *[]map[string]string
+	attrs []slog.Attr
+}
+
+func (h attrRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h attrRecorder) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message}
+	for _, a := range h.attrs {
+		m[a.Key] = a.Value.String()
+	}
+	r.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+	h.mu.Lock()
+	*h.recs = append(*h.recs, m)
+	h.mu.Unlock()
+	return nil
+}
+func (h attrRecorder) WithAttrs(as []slog.Attr) slog.Handler {
+	h.attrs = append(slices.Clone(h.attrs), as...)
+	return h
+}
+func (h attrRecorder) WithGroup(string) slog.Handler { return h }
+
+func TestLogsCarryConnectorAndTask(t *testing.T) {
+	var mu sync.Mutex
+	var recs []map[string]string
+	e := newEnv(t, WithLogger(slog.New(attrRecorder{mu: &mu, recs: &recs})))
+	name, topic := testenv.Unique("logs-"), testenv.Unique("logs-topic-")
+	cfg := sourceConfig(name, topic, sampleconn.KeyPassword, "hunter2", sampleconn.KeyURL, "postgres://u:hunter2@h/db")
+	id, err := e.startTask(cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var starting, stopped bool
+	for _, r := range recs {
+		for _, v := range r {
+			if strings.Contains(v, "hunter2") {
+				t.Errorf("a secret was logged: %v", r)
+			}
+		}
+		if r["connector"] != name {
+			continue
+		}
+		switch r["msg"] {
+		case "starting task":
+			starting = r["task"] == "3"
+		case "task stopped":
+			stopped = r["task"] == "3"
+		}
+	}
+	if !starting || !stopped {
+		t.Errorf("task logs without connector/task attributes: %v", recs)
 	}
 }
