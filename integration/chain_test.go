@@ -521,10 +521,11 @@ type verdict struct {
 	unexpected []string
 	duplicates int
 	received   int
+	dupRows    map[string]int // row id -> duplicate messages
 }
 
 func judge(expected map[string][]string, got map[string][]change) verdict {
-	var v verdict
+	v := verdict{dupRows: map[string]int{}}
 	for id, want := range expected {
 		msgs := got[id]
 		v.received += len(msgs)
@@ -534,6 +535,7 @@ func judge(expected map[string][]string, got map[string][]change) verdict {
 			k := m.key()
 			if seen[k] {
 				v.duplicates++
+				v.dupRows[id]++
 				continue
 			}
 			seen[k] = true
@@ -558,6 +560,36 @@ func judge(expected map[string][]string, got map[string][]change) verdict {
 }
 
 func (v verdict) complete() bool { return len(v.missing) == 0 }
+
+// phaseMark is the number of rows the stream had written when a phase of a
+// test began.
+type phaseMark struct {
+	label string
+	rows  int
+}
+
+// duplicatesByPhase attributes duplicate messages to the phase in which
+// their row was written, to show which operation re-delivers.
+func duplicatesByPhase(v verdict, expected map[string][]string, marks []phaseMark) string {
+	per := make([]int, len(marks))
+	for id, n := range v.dupRows {
+		var seq int
+		if _, err := fmt.Sscanf(strings.TrimPrefix(expected[id][0], "insert|s-"), "%d", &seq); err != nil {
+			continue
+		}
+		i := sort.Search(len(marks), func(i int) bool { return marks[i].rows > seq }) - 1
+		if i >= 0 {
+			per[i] += n
+		}
+	}
+	var parts []string
+	for i, m := range marks {
+		if per[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d", m.label, per[i]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
 
 // awaitDelivery waits until every committed event has arrived (or the
 // deadline passes) and returns the verdict.
