@@ -27,7 +27,9 @@ var value200 = bytes.Repeat([]byte("x"), 200)
 // same broker in the same run: with a plain amqp091-go publisher (pipelined
 // confirms, same window, same exchange and binding, persistent, mandatory)
 // and through the sink (Put in batches of 500, then Flush until every
-// message is confirmed). It reports both rates and their ratio.
+// message is confirmed). The two alternate in ten rounds, in alternating
+// order, so that a change in the broker's load hits both alike. It reports
+// both rates and their ratio.
 func BenchmarkSinkVsPlainPublisher(b *testing.B) {
 	u := testenv.RabbitMQURL(b)
 	for _, qt := range []string{"quorum", "classic"} {
@@ -48,26 +50,45 @@ func BenchmarkSinkVsPlainPublisher(b *testing.B) {
 			}); err != nil {
 				b.Fatal(err)
 			}
-			window := 4096
+			pp := newPlainPublisher(b, u, name, "plain", 4096)
+			const rounds, batch = 10, 500
+			var plain, sink time.Duration
+			next := 0
+			runSink := func(n int) {
+				start := time.Now()
+				recs := make([]connect.SinkRecord, 0, batch)
+				for i := 0; i < n; i++ {
+					recs = append(recs, connect.SinkRecord{Topic: "bench", Offset: int64(next), Key: []byte(strconv.Itoa(next)), Value: value200, Timestamp: start})
+					next++
+					if len(recs) == batch || i == n-1 {
+						s.put(recs...)
+						recs = recs[:0]
+					}
+				}
+				if got := s.flush()[connect.TopicPartition{Topic: "bench"}]; got != int64(next) {
+					b.Fatalf("flushed offset %d, want %d", got, next)
+				}
+				sink += time.Since(start)
+			}
+			runPlain := func(n int) {
+				start := time.Now()
+				pp.publish(n)
+				plain += time.Since(start)
+			}
 			b.ResetTimer()
-			start := time.Now()
-			plainPublish(b, u, name, "plain", b.N, window)
-			plain := time.Since(start)
-
-			start = time.Now()
-			const batch = 500
-			recs := make([]connect.SinkRecord, 0, batch)
-			for i := 0; i < b.N; i++ {
-				recs = append(recs, connect.SinkRecord{Topic: "bench", Offset: int64(i), Key: []byte(strconv.Itoa(i)), Value: value200, Timestamp: start})
-				if len(recs) == batch || i == b.N-1 {
-					s.put(recs...)
-					recs = recs[:0]
+			for r := range rounds {
+				n := b.N / rounds
+				if r == rounds-1 {
+					n = b.N - (rounds-1)*(b.N/rounds)
+				}
+				if r%2 == 0 {
+					runPlain(n)
+					runSink(n)
+				} else {
+					runSink(n)
+					runPlain(n)
 				}
 			}
-			if got := s.flush()[connect.TopicPartition{Topic: "bench"}]; got != int64(b.N) {
-				b.Fatalf("flushed offset %d, want %d", got, b.N)
-			}
-			sink := time.Since(start)
 			b.StopTimer()
 			plainRate, sinkRate := float64(b.N)/plain.Seconds(), float64(b.N)/sink.Seconds()
 			b.ReportMetric(plainRate, "plain-msg/s")
@@ -79,14 +100,23 @@ func BenchmarkSinkVsPlainPublisher(b *testing.B) {
 	}
 }
 
-// plainPublish is the baseline: one channel in confirm mode, at most window
-// messages unconfirmed.
-func plainPublish(b *testing.B, u, exchange, key string, n, window int) {
+// plainPublisher is the baseline: one channel in confirm mode, at most
+// window messages unconfirmed.
+type plainPublisher struct {
+	b             testing.TB
+	ch            *amqp.Channel
+	confirms      chan amqp.Confirmation
+	returns       chan amqp.Return
+	exchange, key string
+	window, sent  int
+}
+
+func newPlainPublisher(b testing.TB, u, exchange, key string, window int) *plainPublisher {
 	conn, err := amqp.Dial(u)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	b.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
 		b.Fatal(err)
@@ -94,36 +124,42 @@ func plainPublish(b *testing.B, u, exchange, key string, n, window int) {
 	if err := ch.Confirm(false); err != nil {
 		b.Fatal(err)
 	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window+1))
-	returns := ch.NotifyReturn(make(chan amqp.Return, window+1))
+	return &plainPublisher{b: b, ch: ch, exchange: exchange, key: key, window: window,
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, window+1)),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, window+1))}
+}
+
+// publish sends n messages and waits until all are confirmed.
+func (p *plainPublisher) publish(n int) {
 	outstanding, acked := 0, 0
 	now := time.Now()
-	for i := 0; i < n; i++ {
-		for outstanding >= window {
-			c := <-confirms
-			outstanding--
-			if c.Ack {
-				acked++
-			}
-		}
-		err := ch.Publish(exchange, key, true, false, amqp.Publishing{
-			ContentType: "application/octet-stream", DeliveryMode: amqp.Persistent, MessageId: "plain-0-" + strconv.Itoa(i),
-			Timestamp: now, Headers: amqp.Table{"kafka.topic": "plain", "kafka.partition": int32(0), "kafka.offset": int64(i)}, Body: value200,
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		outstanding++
-	}
-	for outstanding > 0 {
-		c := <-confirms
+	wait := func() {
+		c := <-p.confirms
 		outstanding--
 		if c.Ack {
 			acked++
 		}
 	}
-	if acked != n || len(returns) > 0 {
-		b.Fatalf("plain publisher: %d of %d acked, %d returned", acked, n, len(returns))
+	for range n {
+		for outstanding >= p.window {
+			wait()
+		}
+		i := p.sent
+		p.sent++
+		err := p.ch.Publish(p.exchange, p.key, true, false, amqp.Publishing{
+			ContentType: "application/octet-stream", DeliveryMode: amqp.Persistent, MessageId: "plain-0-" + strconv.Itoa(i),
+			Timestamp: now, Headers: amqp.Table{"kafka.topic": "plain", "kafka.partition": int32(0), "kafka.offset": int64(i)}, Body: value200,
+		})
+		if err != nil {
+			p.b.Fatal(err)
+		}
+		outstanding++
+	}
+	for outstanding > 0 {
+		wait()
+	}
+	if acked != n || len(p.returns) > 0 {
+		p.b.Fatalf("plain publisher: %d of %d acked, %d returned", acked, n, len(p.returns))
 	}
 }
 
