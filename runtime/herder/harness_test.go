@@ -36,9 +36,15 @@ const flakyClass = "flaky-source"
 
 var failCleanup atomic.Bool
 
+// blockCleanup, when set, holds flaky-source's Stopped until it is closed.
+var blockCleanup atomic.Pointer[chan struct{}]
+
 type flakyConnector struct{ connect.Connector }
 
 func (f *flakyConnector) Stopped(ctx context.Context) error {
+	if ch := blockCleanup.Load(); ch != nil {
+		<-*ch
+	}
 	if failCleanup.Load() {
 		return errors.New("flaky-source: cleanup failed (database down, say)")
 	}

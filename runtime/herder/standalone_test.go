@@ -579,3 +579,43 @@ func TestDeleteFromEveryState(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteOutlivesItsRequest: when the caller's deadline passes first,
+// DeleteConnector returns and the deletion carries on, visible in the
+// status, until it completes.
+func TestDeleteOutlivesItsRequest(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindSync, t.TempDir(), rec, nil)
+	name := testenv.Unique("slow-")
+	cfg := sourceConfig("t", 1)
+	cfg[KeyConnectorClass] = flakyClass
+	if _, err := hs.h.CreateConnector(testCtx(t), name, cfg, ""); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	blockCleanup.Store(&release)
+	t.Cleanup(func() { blockCleanup.Store(nil) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- hs.h.DeleteConnector(ctx, name) }()
+	pollUntil(t, "the deletion to reach the connector's cleanup", func() bool {
+		st, err := hs.h.ConnectorStatus(context.Background(), name)
+		return err == nil && st.Deletion != nil && st.Deletion.Phase == store.PhaseStoppingConnector
+	})
+	cancel() // the REST request's deadline
+	if err := <-done; err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "still running") {
+		t.Fatalf("DeleteConnector after its ctx ended: %v, want a still-running error", err)
+	}
+	if st, err := hs.h.ConnectorStatus(context.Background(), name); err != nil || st.Deletion == nil {
+		t.Fatalf("status while the deletion carries on: %+v %v", st, err)
+	}
+	close(release)
+	pollUntil(t, "the deletion to finish", func() bool {
+		_, err := hs.h.ConnectorStatus(context.Background(), name)
+		return errors.Is(err, ErrNotFound)
+	})
+	if res := rec.Resources(); len(res) != 0 {
+		t.Errorf("resources left: %v", res)
+	}
+}
