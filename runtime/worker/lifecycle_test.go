@@ -585,3 +585,46 @@ func TestLogsCarryConnectorAndTask(t *testing.T) {
 		t.Errorf("task logs without connector/task attributes: %v", recs)
 	}
 }
+
+// TestConnectorStartBlocking: a Start that ignores cancellation does not
+// hold the caller; Stop is delivered, and Stopped comes once Start returns.
+func TestConnectorStartBlocking(t *testing.T) {
+	e := newEnv(t)
+	name := testenv.Unique("slowstart-")
+	inst := sampleconn.ConnectorInstance(name)
+	cfg := sourceConfig(name, "t", sampleconn.KeyBlockStart, sampleconn.BlockIgnoreCtx)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger}); err == nil {
+		t.Fatal("StartConnector returned nil while Start still blocks")
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer scancel()
+	if err := e.w.StopConnector(sctx, name, false); err == nil {
+		t.Error("StopConnector returned nil while Start still blocks")
+	}
+	e.awaitCall(inst+" Stop(false)", 1)
+	if e.rec.Count(inst+" Stopped") != 0 {
+		t.Fatal("Stopped called while Start is still running")
+	}
+	e.rec.ReleaseBlocked()
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+	if e.rec.Index(inst+" Start") > e.rec.Index(inst+" Stopped") {
+		t.Errorf("Stopped before Start returned: %v", e.rec.CallsOf(inst))
+	}
+
+	// until-ctx: the caller's deadline interrupts Start, which fails.
+	name2 := testenv.Unique("ctxstart-")
+	cfg2 := sourceConfig(name2, "t", sampleconn.KeyBlockStart, sampleconn.BlockUntilCtx)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	err := e.w.StartConnector(ctx2, ConnectorRun{Name: name2, Config: cfg2, Ledger: e.ledger})
+	if err == nil {
+		t.Fatal("StartConnector succeeded")
+	}
+	e.awaitCall(sampleconn.ConnectorInstance(name2)+" Stopped", 1)
+	if s, _ := e.w.ConnectorStatus(name2); s.State != StateFailed {
+		t.Errorf("status %+v, want FAILED", s)
+	}
+}

@@ -296,19 +296,35 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	c.mu.Unlock()
 	host.Logger.Info("starting connector", "class", class, "cleanup_only", run.CleanupOnly)
 	// Start is bounded by the caller's ctx: cancelling it interrupts Start
-	// like a Stop would.
+	// like a Stop would. A Start that ignores that keeps running in its own
+	// goroutine (Close waits for it) and the caller gets an error.
 	stopWatch := context.AfterFunc(ctx, cancel)
-	err := conn.Start(c.ctx, run.Config.Clone())
-	stopWatch()
-	close(c.startDone)
-	if err != nil {
-		host.Logger.Error("connector failed to start", "error", err)
-		c.setStatus(w, Status{State: StateFailed, Trace: err.Error()})
-		c.finish(w, false)
-		return fmt.Errorf("worker: connector %s failed to start: %w", run.Name, err)
+	result := make(chan error, 1)
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		err := conn.Start(c.ctx, run.Config.Clone())
+		stopWatch()
+		close(c.startDone)
+		if err != nil {
+			host.Logger.Error("connector failed to start", "error", err)
+			c.setStatus(w, Status{State: StateFailed, Trace: err.Error()})
+			c.finish(w, false)
+			result <- fmt.Errorf("worker: connector %s failed to start: %w", run.Name, err)
+			return
+		}
+		c.mu.Lock()
+		target := c.target // SetTargetState may have run during Start
+		c.mu.Unlock()
+		c.setStatus(w, Status{State: stateForTarget(target)})
+		result <- nil
+	}()
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("worker: connector %s: Start did not return when the caller gave up (%w); it is still running, StopConnector stops it", run.Name, ctx.Err())
 	}
-	c.setStatus(w, Status{State: stateForTarget(run.Target)})
-	return nil
 }
 
 // finish calls Stop (unless already stopping) and Stopped once.

@@ -31,6 +31,7 @@ const (
 	KeyFailAfter   = "sample.fail.after"   // Poll/Put fails once this many records went through; -1 = never
 	KeyBlock       = "sample.block"        // none | until-ctx | ignore-ctx: how Poll/Put blocks
 	KeyBlockAfter  = "sample.block.after"  // block once this many records went through
+	KeyBlockStart  = "sample.block.start"  // none | until-ctx | ignore-ctx: how Start blocks
 	KeyResources   = "sample.resources"    // fake resources owned at Start (list)
 	KeyFailStopped = "sample.fail.stopped" // Stopped returns an error (resources kept)
 	KeyFlushUpTo   = "sample.flush.upto"   // sink: Flush reports offsets below this one only; -1 = all
@@ -82,6 +83,7 @@ func commonDef() connect.ConfigDef {
 		{Name: KeyFailTask, Type: connect.TypeInt, Default: "-1", Doc: "Limits sample.fail.* and sample.block to this task number; -1 means every task.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
 		{Name: KeyFailAfter, Type: connect.TypeInt, Default: "-1", Doc: "Poll/Put returns an error once this many records went through; -1 never.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
 		{Name: KeyBlock, Type: connect.TypeString, Default: BlockNone, Doc: "How Poll/Put blocks: none, until-ctx (until its context is cancelled) or ignore-ctx (until the test releases it).", Importance: connect.ImportanceLow, Recommended: []string{BlockNone, BlockUntilCtx, BlockIgnoreCtx}, Validate: oneOf(BlockNone, BlockUntilCtx, BlockIgnoreCtx)},
+		{Name: KeyBlockStart, Type: connect.TypeString, Default: BlockNone, Doc: "How Start blocks: none, until-ctx (until its context is cancelled, then fails) or ignore-ctx (until the test releases it, then succeeds).", Importance: connect.ImportanceLow, Recommended: []string{BlockNone, BlockUntilCtx, BlockIgnoreCtx}, Validate: oneOf(BlockNone, BlockUntilCtx, BlockIgnoreCtx)},
 		{Name: KeyBlockAfter, Type: connect.TypeInt, Default: "0", Doc: "Blocking starts once this many records went through.", Importance: connect.ImportanceLow, Validate: nonNegative},
 		{Name: KeyResources, Type: connect.TypeList, Doc: "Names of fake resources each instance owns from Start; dropped in Stopped after Stop(true).", Importance: connect.ImportanceMedium},
 		{Name: KeyFailStopped, Type: connect.TypeBoolean, Default: "false", Doc: "Stopped returns an error and keeps its resources.", Importance: connect.ImportanceLow},
@@ -135,6 +137,7 @@ type knobs struct {
 	failAfter              int
 	block                  string
 	blockAfter             int
+	blockStart             string
 	resources              []string
 }
 
@@ -150,6 +153,7 @@ func parseKnobs(def connect.ConfigDef, cfg connect.Config) (knobs, error) {
 	k.failAfter, _ = cfg.Int(KeyFailAfter, -1)
 	k.block = cfg.String(KeyBlock)
 	k.blockAfter, _ = cfg.Int(KeyBlockAfter, 0)
+	k.blockStart = cfg.String(KeyBlockStart)
 	k.resources = cfg.List(KeyResources)
 	return k, nil
 }
@@ -188,6 +192,19 @@ func (l *lifecycle) start(ctx context.Context, instance string, def connect.Conf
 		err := fmt.Errorf("%s: Start failed as %s asked", instance, KeyFailStart)
 		l.rec.record(instance, "Start", err)
 		return err
+	}
+	if k.applies(l.host.Task) {
+		switch k.blockStart {
+		case BlockUntilCtx:
+			l.rec.record(instance, "Start blocking", nil)
+			<-ctx.Done()
+			err := fmt.Errorf("%s: Start interrupted: %w", instance, ctx.Err())
+			l.rec.record(instance, "Start", err)
+			return err
+		case BlockIgnoreCtx:
+			l.rec.record(instance, "Start blocking", nil)
+			<-l.rec.releaseCh()
+		}
 	}
 	// Own before create, and only what we create (contract rule 1).
 	if !l.host.CleanupOnly {
