@@ -1,6 +1,8 @@
 package store
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,10 +111,25 @@ func removeTemps(dir string) error {
 	return nil
 }
 
+// maxDirName keeps escaped names well below the usual 255-byte limit of a
+// path component.
+const maxDirName = 200
+
 // escapeName turns a connector name into a directory name that is safe on
 // any file system and distinct for distinct names: bytes outside
-// [A-Za-z0-9_-] become %XX, and so does a leading dot.
+// [A-Za-z0-9_.-] become %XX, and so does a leading dot. A name whose escaped
+// form is too long is cut and suffixed with "~" and a hash of the whole
+// name ("~" never appears otherwise: it is escaped).
 func escapeName(name string) string {
+	e := escapeBytes(name)
+	if len(e) <= maxDirName {
+		return e
+	}
+	sum := sha256.Sum256([]byte(name))
+	return e[:maxDirName-33] + "~" + hex.EncodeToString(sum[:16])
+}
+
+func escapeBytes(name string) string {
 	var b strings.Builder
 	for i := 0; i < len(name); i++ {
 		c := name[i]

@@ -35,9 +35,9 @@ func reopen(t *testing.T, f *File, dir string) *File {
 
 func TestPersistsAcrossReopen(t *testing.T) {
 	ctx := context.Background()
-	names := []string{"plain", "with space", "dots.in.name", ".hidden", "ünïcode", "a%2Fb"}
+	names := []string{"plain", "with space", "dots.in.name", ".hidden", "ünïcode", "a%2Fb", strings.Repeat("é", 120)}
 	for _, name := range names {
-		t.Run(name, func(t *testing.T) {
+		t.Run(name[:min(len(name), 20)], func(t *testing.T) {
 			dir := t.TempDir()
 			f := openT(t, dir)
 			now := time.Now().UTC().Truncate(time.Second)
@@ -235,9 +235,10 @@ func TestLedgerDurableOnReturn(t *testing.T) {
 
 func TestEscapeNameDistinct(t *testing.T) {
 	seen := map[string]string{}
-	for _, n := range []string{"a b", "a%20b", "a_b", ".", "..", "a.b", "a/b", "A"} {
+	long1, long2 := strings.Repeat("x", 300)+"1", strings.Repeat("x", 300)+"2"
+	for _, n := range []string{"a b", "a%20b", "a_b", ".", "..", "a.b", "a/b", "A", long1, long2, strings.Repeat("ü", 200)} {
 		e := escapeName(n)
-		if strings.ContainsAny(e, "/ ") || e == "." || e == ".." || strings.HasPrefix(e, ".") {
+		if strings.ContainsAny(e, "/ ") || e == "." || e == ".." || strings.HasPrefix(e, ".") || len(e) > maxDirName {
 			t.Errorf("escapeName(%q) = %q is not a safe directory name", n, e)
 		}
 		if prev, ok := seen[e]; ok {
