@@ -311,3 +311,48 @@ func TestSinkOffsetsEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestBlockingStartDoesNotHoldUpARestart: after a restart, a connector whose
+// Start blocks neither delays NewStandalone (so REST can answer) nor the
+// other connectors; Close interrupts it.
+func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
+	for _, kind := range workerKinds {
+		t.Run(kind, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			dir := t.TempDir()
+			hs := newHarness(t, kind, dir, rec, nil)
+			ctx := testCtx(t)
+			slow, fine := testenv.Unique("slow-"), testenv.Unique("fine-")
+			topic := testenv.Unique("t-")
+			if _, err := hs.h.CreateConnector(ctx, slow, sourceConfig(topic, 1, sampleconn.KeyBlockStart, sampleconn.BlockUntilCtx), worker.TargetStopped); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := hs.h.CreateConnector(ctx, fine, sourceConfig(topic, 1), ""); err != nil {
+				t.Fatal(err)
+			}
+			hs.closeFn()
+			// As if it had been RUNNING when the worker stopped.
+			st, err := store.OpenFile(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, _, _ := st.Connector(ctx, slow)
+			r.Target = worker.TargetRunning
+			if err := st.PutConnector(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			st.Close()
+
+			hs.start() // returns although slow's Start blocks
+			hs.awaitRunning(fine, 1)
+			status, err := hs.h.ConnectorStatus(ctx, slow)
+			if err != nil || status.Connector.State == worker.StateRunning || status.Connector.State == worker.StateFailed {
+				t.Errorf("slow connector while its Start blocks: %+v %v; want neither RUNNING nor FAILED", status, err)
+			}
+			hs.closeFn() // must interrupt the blocked Start
+			if got := rec.CallsOf(sampleconn.ConnectorInstance(slow)); len(got) == 0 || got[len(got)-1] != "Stopped" {
+				t.Errorf("slow connector calls = %v, want Stopped last after Close", got)
+			}
+		})
+	}
+}
