@@ -379,44 +379,45 @@ func TestUnknownPluginAndBadConfig(t *testing.T) {
 }
 
 func TestCloseStopsEverythingWithoutLeaks(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("close-"), testenv.Unique("close-topic-")
+	sinkName := testenv.Unique("close-sink-")
+	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+	// The broker is up and the worker has no client yet: every goroutine
+	// the worker starts from here on must be gone after Close.
 	before := runtime.NumGoroutine()
-	func() {
-		e := newEnv(t)
-		name, topic := testenv.Unique("close-"), testenv.Unique("close-topic-")
-		sinkName := testenv.Unique("close-sink-")
-		produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
-		if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic), Ledger: e.ledger}); err != nil {
-			t.Fatal(err)
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic), Ledger: e.ledger}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx, sampleconn.KeyBlockAfter, "10"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.startTask(sinkConfig(sinkName, topic), 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("records flowing", func() bool { return len(e.rec.Sunk(sinkName)) >= 5 })
+	if runtime.NumGoroutine() <= before {
+		t.Fatal("no goroutines started: the leak check would prove nothing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, inst := range []string{sampleconn.TaskInstance(name, 0), sampleconn.TaskInstance(sinkName, 0), sampleconn.ConnectorInstance(name)} {
+		e.checkStoppedLast(inst)
+		if slices.Contains(e.rec.CallsOf(inst), "Stop(true)") {
+			t.Errorf("%s: Close delivered a deletion", inst)
 		}
-		if _, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx, sampleconn.KeyBlockAfter, "10"), 0); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.startTask(sinkConfig(sinkName, topic), 0); err != nil {
-			t.Fatal(err)
-		}
-		e.await("records flowing", func() bool { return len(e.rec.Sunk(sinkName)) >= 5 })
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := e.w.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-		for _, inst := range []string{sampleconn.TaskInstance(name, 0), sampleconn.TaskInstance(sinkName, 0), sampleconn.ConnectorInstance(name)} {
-			e.checkStoppedLast(inst)
-			if slices.Contains(e.rec.CallsOf(inst), "Stop(true)") {
-				t.Errorf("%s: Close delivered a deletion", inst)
-			}
-		}
-		// Tasks before the connector.
-		if e.rec.Index(sampleconn.TaskInstance(name, 0)+" Stopped") > e.rec.Index(sampleconn.ConnectorInstance(name)+" Stop(false)") {
-			t.Error("Close stopped the connector before its task finished")
-		}
-		if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic)}); !errors.Is(err, ErrClosed) {
-			t.Errorf("StartConnector after Close: %v", err)
-		}
-	}()
-	// The kfake broker's goroutines end with its t.Cleanup, after this
-	// test body; allow for them.
-	awaitGoroutines(t, before+40)
+	}
+	// Tasks before the connector.
+	if e.rec.Index(sampleconn.TaskInstance(name, 0)+" Stopped") > e.rec.Index(sampleconn.ConnectorInstance(name)+" Stop(false)") {
+		t.Error("Close stopped the connector before its task finished")
+	}
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: sourceConfig(name, topic)}); !errors.Is(err, ErrClosed) {
+		t.Errorf("StartConnector after Close: %v", err)
+	}
+	awaitGoroutines(t, before)
 }
 
 func TestStatusListenerSeesEveryChange(t *testing.T) {
