@@ -204,8 +204,21 @@ func produce(ctx context.Context, cl *kgo.Client, recs []connect.SourceRecord) e
 }
 
 // BenchmarkCaptureThroughput: one task, audit rows to Kafka records
-// acknowledged (kfake) and deleted from the audit table.
+// acknowledged (kfake) and deleted from the audit table. "sequential" waits
+// for each batch's acks before the next Poll; "pipelined" keeps polling
+// while earlier batches are in flight and commits them in order, as
+// runtime/worker does.
 func BenchmarkCaptureThroughput(b *testing.B) {
+	for _, pipelined := range []bool{false, true} {
+		name := "sequential"
+		if pipelined {
+			name = "pipelined"
+		}
+		b.Run(name, func(b *testing.B) { captureThroughput(b, pipelined) })
+	}
+}
+
+func captureThroughput(b *testing.B, pipelined bool) {
 	db, url := admin(b)
 	s := newSchema(b, db)
 	tbl := qualified(s, "src")
@@ -218,6 +231,10 @@ func BenchmarkCaptureThroughput(b *testing.B) {
 	ctx := context.Background()
 	const rows = 100_000
 	task := r.tasks[0]
+	type batch struct {
+		recs []connect.SourceRecord
+		done chan error
+	}
 	var total time.Duration
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
@@ -227,18 +244,35 @@ func BenchmarkCaptureThroughput(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		got := 0
+		var queue []batch
+		commitFront := func() {
+			if err := <-queue[0].done; err != nil {
+				b.Fatal(err)
+			}
+			if err := task.Commit(ctx, queue[0].recs); err != nil {
+				b.Fatal(err)
+			}
+			got += len(queue[0].recs)
+			queue = queue[1:]
+		}
 		for got < rows+1 {
+			if len(queue) > 0 && (!pipelined || len(queue) >= maxInflightBatches) {
+				commitFront()
+				continue
+			}
 			recs, err := task.Poll(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := produce(ctx, cl, recs); err != nil {
-				b.Fatal(err)
+			if len(recs) == 0 {
+				if len(queue) > 0 {
+					commitFront()
+				}
+				continue
 			}
-			if err := task.Commit(ctx, recs); err != nil {
-				b.Fatal(err)
-			}
-			got += len(recs)
+			bt := batch{recs: recs, done: make(chan error, 1)}
+			go func() { bt.done <- produce(ctx, cl, recs) }()
+			queue = append(queue, bt)
 		}
 		total += time.Since(start)
 	}

@@ -113,7 +113,9 @@ func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
 	}
 	at := pgx.Identifier{s.auditSchema, t.n.table}.Sanitize()
 	t.selectSQL = `SELECT id, txid::text, (extract(epoch FROM ts) * 1000)::bigint, schema_name, table_name, op::text, before::text, after::text FROM ` + at +
-		` WHERE ($1::text IS NULL OR NOT ($1::text::int8multirange @> id))`
+		// The sub-select makes the multirange an InitPlan, parsed once per
+		// query even in a generic plan, not once per row.
+		` WHERE ($1::text IS NULL OR NOT ((SELECT $1::text::int8multirange) @> id))`
 	if !t.all {
 		t.selectSQL += ` AND (schema_name, table_name) IN (SELECT * FROM unnest($3::text[], $4::text[]))`
 	}
