@@ -145,7 +145,7 @@ func (c *Connector) Stopped(ctx context.Context) error {
 	if len(rs) == 0 {
 		return nil
 	}
-	if !s.cleanup && s.url != "" {
+	if !s.cleanup {
 		// The objects are handed over to the database's users: nobody owns
 		// them any more, so they leave the ledger.
 		for _, r := range rs {

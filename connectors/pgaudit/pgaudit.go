@@ -121,7 +121,12 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)
-	s.cleanup, _ = cfg.Bool(KeyCleanupOnDelete, true)
+	// An unreadable value means the default: dropping what the connector
+	// owns, never silently keeping it.
+	s.cleanup = true
+	if v, err := cfg.Bool(KeyCleanupOnDelete, true); err == nil {
+		s.cleanup = v
+	}
 	for k, v := range errs {
 		if len(v) == 0 {
 			delete(errs, k)
