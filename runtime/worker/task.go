@@ -373,13 +373,9 @@ func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) er
 	default:
 	}
 	t.log.Info("stopping task", "deleted", deleted)
+	// An already abandoned task gets the new Stop and another graceful
+	// period too: it may have returned meanwhile.
 	t.requestStop(deleted)
-	t.mu.Lock()
-	abandoned := t.abandoned
-	t.mu.Unlock()
-	if abandoned {
-		return fmt.Errorf("worker: task %s-%d: %w", t.id.Connector, t.id.Task, errAbandoned)
-	}
 	grace := time.NewTimer(t.set.grace)
 	defer grace.Stop()
 	select {
@@ -402,6 +398,15 @@ func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) er
 }
 
 func (w *Worker) abandon(t *taskInstance) error {
+	select {
+	case <-t.done: // returned just now after all
+		w.forgetTask(t)
+		if t.stopErr != nil {
+			return fmt.Errorf("worker: task %s-%d: Stopped: %w", t.id.Connector, t.id.Task, t.stopErr)
+		}
+		return nil
+	default:
+	}
 	t.mu.Lock()
 	t.abandoned = true
 	t.status.Abandoned = true
