@@ -24,6 +24,7 @@ import (
 // in the status's Deletion); Close interrupts it, and the recorded intent
 // makes the next start complete it.
 func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
+	h.interruptStart(name)
 	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return err
@@ -52,6 +53,8 @@ func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
 
 func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
 	log := h.logger(c)
+	ctx, cancel := context.WithTimeout(ctx, h.attemptTimeout)
+	defer cancel()
 	now := time.Now().UTC()
 	in := store.DeletionIntent{Connector: c.name, Config: c.rec.Config.Clone(), StartedAt: now}
 	if d := h.deletionOf(c); d != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -320,7 +321,7 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			rec := sampleconn.NewRecorder()
 			dir := t.TempDir()
-			hs := newHarness(t, kind, dir, rec, nil)
+			hs := newHarness(t, kind, dir, rec, nil, WithDeletionAttemptTimeout(2*time.Second))
 			ctx := testCtx(t)
 			slow, fine := testenv.Unique("slow-"), testenv.Unique("fine-")
 			topic := testenv.Unique("t-")
@@ -352,6 +353,22 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 			hs.closeFn() // must interrupt the blocked Start
 			if got := rec.CallsOf(sampleconn.ConnectorInstance(slow)); len(got) == 0 || got[len(got)-1] != "Stopped" {
 				t.Errorf("slow connector calls = %v, want Stopped last after Close", got)
+			}
+
+			// Started again (blocking again), a DELETE interrupts the start
+			// instead of waiting for it; the cleanup-only instance's Start
+			// blocks too (the system is "unreachable"), so the attempt
+			// times out and the failure is visible, not a hang.
+			hs.start()
+			dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			var de *DeletionError
+			if err := hs.h.DeleteConnector(dctx, slow); !errors.As(err, &de) {
+				t.Fatalf("deleting a connector whose Start blocks: %v, want a *DeletionError after the attempt timeout", err)
+			}
+			status, err = hs.h.ConnectorStatus(ctx, slow)
+			if err != nil || status.Connector.State != worker.StateFailed || status.Deletion == nil || status.Deletion.Phase != store.PhaseCleanupFailed {
+				t.Errorf("after a timed-out deletion attempt: %+v %v", status, err)
 			}
 		})
 	}

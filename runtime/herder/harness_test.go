@@ -192,9 +192,10 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // awaitRunning waits until the connector and its n tasks were started.
 func (hs *harness) awaitRunning(name string, n int) {
 	hs.t.Helper()
-	ctx, cancel := awaitCtx(hs.t)
-	defer cancel()
-	err := hs.rec.Await(ctx, func(r *sampleconn.Recorder) bool {
+	// Polled: a status can change after the recorder's last change.
+	deadline := time.Now().Add(20 * time.Second)
+	var err error
+	for !func() bool {
 		st, err := hs.h.ConnectorStatus(context.Background(), name)
 		if err != nil || st.Connector.State != worker.StateRunning || len(st.Tasks) != n {
 			return false
@@ -205,7 +206,13 @@ func (hs *harness) awaitRunning(name string, n int) {
 			}
 		}
 		return true
-	})
+	}() {
+		if time.Now().After(deadline) {
+			err = errors.New("timed out")
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err != nil {
 		st, serr := hs.h.ConnectorStatus(context.Background(), name)
 		hs.t.Fatalf("connector %s not RUNNING with %d RUNNING tasks: %v (status %+v, %v)", name, n, err, st, serr)

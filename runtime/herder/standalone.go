@@ -96,6 +96,14 @@ func WithDeletionRetry(min, max time.Duration) Option {
 	return func(h *Standalone) { h.retryMin, h.retryMax = min, max }
 }
 
+// WithDeletionAttemptTimeout bounds one deletion attempt (default 2m): a
+// cleanup that cannot finish (a cleanup-only Start blocked on an
+// unreachable system) then fails visibly and is retried with backoff
+// instead of hanging.
+func WithDeletionAttemptTimeout(d time.Duration) Option {
+	return func(h *Standalone) { h.attemptTimeout = d }
+}
+
 // Hook points for tests that inject crashes.
 const (
 	hookIntentWritten = "intent-written"
@@ -126,7 +134,9 @@ type Standalone struct {
 	workerID  string
 	retryMin  time.Duration
 	retryMax  time.Duration
-	hook      func(point, connector string)
+	// attemptTimeout bounds one deletion attempt.
+	attemptTimeout time.Duration
+	hook           func(point, connector string)
 
 	mu     sync.Mutex
 	conns  map[string]*conn
@@ -160,6 +170,9 @@ type conn struct {
 	// Guarded by Standalone.mu (read by status calls without op):
 	deletion       *store.DeletionIntent
 	retryScheduled bool
+	// cancelStart interrupts a background start at boot (a Start blocked on
+	// an unreachable system) when the user stops, changes or deletes it.
+	cancelStart context.CancelFunc
 }
 
 func (c *conn) lock(ctx context.Context) error {
@@ -182,8 +195,10 @@ func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 		log:      slog.Default(),
 		retryMin: time.Second,
 		retryMax: 5 * time.Minute,
-		conns:    map[string]*conn{},
-		statuses: map[worker.TaskID]worker.Status{},
+
+		attemptTimeout: 2 * time.Minute,
+		conns:          map[string]*conn{},
+		statuses:       map[worker.TaskID]worker.Status{},
 	}
 	for _, o := range opts {
 		o(h)
@@ -283,11 +298,19 @@ func (h *Standalone) recover(ctx context.Context) error {
 			continue
 		}
 		c.op <- struct{}{} // taken now, so every later operation comes after the start
+		sctx, cancel := context.WithCancel(h.bgCtx)
+		h.mu.Lock()
+		c.cancelStart = cancel
+		h.mu.Unlock()
 		h.bgWG.Add(1)
 		go func() {
 			defer h.bgWG.Done()
 			defer c.unlock()
-			h.startLocked(h.bgCtx, c)
+			defer cancel()
+			h.startLocked(sctx, c)
+			h.mu.Lock()
+			c.cancelStart = nil
+			h.mu.Unlock()
 		}()
 	}
 	return nil
@@ -349,6 +372,21 @@ func (h *Standalone) lookupLive(ctx context.Context, name string) (*conn, error)
 		return nil, &BadRequestError{Msg: fmt.Sprintf("connector %s is being deleted (phase %s, last error: %s); retry DELETE /connectors/%s to complete the deletion", c.name, d.Phase, orNone(d.LastError), c.name)}
 	}
 	return c, nil
+}
+
+// interruptStart cancels a background start of name still in progress, so
+// the caller's operation does not wait for a Start that may never return.
+// The interrupted instance ends FAILED (its Stopped runs).
+func (h *Standalone) interruptStart(name string) {
+	h.mu.Lock()
+	var cancel context.CancelFunc
+	if c := h.conns[name]; c != nil {
+		cancel = c.cancelStart
+	}
+	h.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 func orNone(s string) string {
@@ -706,6 +744,7 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 			return info, err == nil, err
 		}
 	}
+	h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, false, err
@@ -716,6 +755,7 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 }
 
 func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patch map[string]*string) (ConnectorInfo, error) {
+	h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, err
@@ -816,6 +856,7 @@ func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.Tar
 }
 
 func (h *Standalone) Stop(ctx context.Context, name string) error {
+	h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
 	if err != nil {
 		return err
@@ -833,6 +874,7 @@ func (h *Standalone) Stop(ctx context.Context, name string) error {
 // --- API: restart
 
 func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onlyFailed bool) (ConnectorStatus, error) {
+	h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
 	if err != nil {
 		return ConnectorStatus{}, err
