@@ -393,6 +393,29 @@ func (c *chain) triggersOn(table string) []string {
 	return out
 }
 
+// auditBacklog counts the changes still in pgaudit's audit table(s): rows
+// not yet acknowledged by Kafka and committed (diagnostics only).
+func (c *chain) auditBacklog() int {
+	rows, err := c.pg.Query(c.ctx, `SELECT format('%I.%I', n.nspname, t.relname) FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
+		WHERE n.nspname = $1 AND t.relkind = 'r' AND t.relname LIKE '%\_audit'`, c.auditSchema)
+	if err != nil {
+		return -1
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return -1
+	}
+	total := 0
+	for _, tbl := range tables {
+		var n int
+		if err := c.pg.QueryRow(c.ctx, "SELECT count(*) FROM "+tbl).Scan(&n); err != nil {
+			return -1
+		}
+		total += n
+	}
+	return total
+}
+
 func (c *chain) schemaExists(name string) bool {
 	var ok bool
 	if err := c.pg.QueryRow(c.ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name).Scan(&ok); err != nil {
@@ -566,6 +589,33 @@ func (v verdict) complete() bool { return len(v.missing) == 0 }
 type phaseMark struct {
 	label string
 	rows  int
+	at    time.Time
+}
+
+// duplicatesByArrival attributes duplicate messages to the phase in which
+// they arrived.
+func duplicatesByArrival(col *collector, marks []phaseMark) string {
+	msgs, _ := col.snapshot()
+	seen := map[string]bool{}
+	per := make([]int, len(marks))
+	for _, m := range msgs {
+		k := m.id() + "|" + m.key()
+		if !seen[k] {
+			seen[k] = true
+			continue
+		}
+		i := sort.Search(len(marks), func(i int) bool { return marks[i].at.After(m.at) }) - 1
+		if i >= 0 {
+			per[i]++
+		}
+	}
+	var parts []string
+	for i, m := range marks {
+		if per[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %d", m.label, per[i]))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // duplicatesByPhase attributes duplicate messages to the phase in which

@@ -186,7 +186,7 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 
 	s := c.startStream(10 * time.Millisecond)
 	var marks []phaseMark
-	mark := func(label string) { marks = append(marks, phaseMark{label, s.count()}) }
+	mark := func(label string) { marks = append(marks, phaseMark{label, s.count(), time.Now()}) }
 	mark("running")
 	s.awaitMore(20)
 
@@ -209,6 +209,7 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	c.api.awaitRunning(c.sink)
 
 	mark("REST restarts")
+	t.Logf("audit rows not yet deleted before the REST restarts: %d", c.auditBacklog())
 	for _, name := range []string{c.src, c.sink} {
 		c.api.must(http.MethodPost, "/connectors/"+name+"/restart?includeTasks=true&onlyFailed=false", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	}
@@ -235,7 +236,8 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	if v.duplicates > 0 {
 		// No crash here, so these are worth a look; by the phase in which
 		// their rows were written:
-		t.Logf("duplicates by phase: %s", duplicatesByPhase(v, expected, marks))
+		t.Logf("duplicates by the phase that wrote their rows: %s; by the phase they arrived in: %s",
+			duplicatesByPhase(v, expected, marks), duplicatesByArrival(col, marks))
 	}
 	t.Logf("%d rows written across pause, stop, restarts and a SIGTERM restart", len(expected))
 }
