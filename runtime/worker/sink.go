@@ -85,6 +85,11 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 			select {
 			case <-changed:
 			case <-timer.C:
+				// What was put before the pause still gets flushed.
+				s.mu.Lock()
+				s.flushAndCommit(nil)
+				s.mu.Unlock()
+				nextFlush = time.Now().Add(t.set.flushInterval)
 			}
 			timer.Stop()
 			continue

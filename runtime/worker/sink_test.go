@@ -216,3 +216,27 @@ func TestSinkRebalanceFlushesAndCommitsRevoked(t *testing.T) {
 		return e.rec.CountPrefix(sampleconn.TaskInstance(name, 1)+" Open(") > 0
 	})
 }
+
+// TestSinkFlushesWhilePaused: records put before a pause are flushed and
+// committed at the next flush interval even though the task stays paused.
+func TestSinkFlushesWhilePaused(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("pflush-"), testenv.Unique("pflush-topic-")
+	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+	id, err := e.startTask(sinkConfig(name, topic, KeyOffsetFlushInterval, "1000"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.await("5 records put", func() bool { return len(e.rec.Sunk(name)) >= 5 })
+	e.w.SetTargetState(name, TargetPaused)
+	e.awaitTaskState(id, StatePaused)
+	puts := e.rec.CountPrefix(inst + " Put(")
+	e.await("offset 5 committed while paused", func() bool { return groupOffset(t, e.brokers, groupID(name), topic, 0) == 5 })
+	if n := e.rec.CountPrefix(inst + " Put("); n != puts {
+		t.Errorf("Put called while paused")
+	}
+	if s, _ := e.w.TaskStatus(id); s.State != StatePaused {
+		t.Errorf("status %+v", s)
+	}
+}
