@@ -31,7 +31,6 @@ type Connector struct {
 	mu      sync.Mutex
 	host    *connect.Host
 	s       settings
-	parsed  bool
 	deleted bool
 }
 
@@ -63,7 +62,7 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 	h := connect.HostFrom(ctx)
 	s, errs := parseSettings(connectorName(h, cfg), cfg)
 	c.mu.Lock()
-	c.host, c.s, c.parsed = h, s, len(errs) == 0
+	c.host, c.s = h, s
 	c.mu.Unlock()
 	if h.CleanupOnly {
 		if s.url == "" {
