@@ -373,3 +373,35 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 		})
 	}
 }
+
+// TestTopicsPersistAndReset: the topics a connector used survive a restart
+// of the herder; reset clears them.
+func TestTopicsPersistAndReset(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	name, topic := testenv.Unique("topics-"), testenv.Unique("t-")
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(topic, 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	awaitCommitted(t, rec, name, 5)
+	if got, err := hs.h.Topics(ctx, name); err != nil || !slices.Equal(got, []string{topic}) {
+		t.Fatalf("topics = %v, %v; want [%s]", got, err, topic)
+	}
+	if err := hs.h.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hs.restart()
+	if got, _ := hs.h.Topics(ctx, name); !slices.Equal(got, []string{topic}) {
+		t.Errorf("topics after restart = %v, want [%s]", got, topic)
+	}
+	if err := hs.h.ResetTopics(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := hs.h.Topics(ctx, name); len(got) != 0 {
+		t.Errorf("topics after reset = %v", got)
+	}
+	if _, err := hs.h.Topics(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("topics of an unknown connector: %v", err)
+	}
+}
