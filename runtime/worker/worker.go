@@ -536,6 +536,7 @@ func (w *Worker) Close(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("worker: closing: tasks still blocked in Poll/Put: [%s]: %w", strings.Join(stuck, ", "), ctx.Err()))
 		// The waiter above ends when they return; its channel is dropped.
 	}
+	w.adminOnce.Do(func() {}) // synchronises with a concurrent first use
 	if w.admin != nil {
 		w.admin.Close()
 	}
