@@ -208,13 +208,14 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 	c.api.must(http.MethodPut, "/connectors/"+c.sink+"/resume", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
 	c.api.awaitRunning(c.sink)
 
-	mark("REST restarts")
 	t.Logf("audit rows not yet deleted before the REST restarts: %d", c.auditBacklog())
+	// One at a time, so a re-delivery can be attributed.
 	for _, name := range []string{c.src, c.sink} {
+		mark("REST restart of " + name)
 		c.api.must(http.MethodPost, "/connectors/"+name+"/restart?includeTasks=true&onlyFailed=false", nil, http.StatusAccepted, http.StatusNoContent, http.StatusOK)
+		c.api.awaitRunning(name)
+		s.awaitMore(10)
 	}
-	c.api.awaitRunning(c.src)
-	c.api.awaitRunning(c.sink)
 	s.awaitMore(20)
 	kept("after REST restarts", true)
 
@@ -238,6 +239,7 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 		// their rows were written:
 		t.Logf("duplicates by the phase that wrote their rows: %s; by the phase they arrived in: %s",
 			duplicatesByPhase(v, expected, marks), duplicatesByArrival(col, marks))
+		t.Logf("worker warnings and errors:\n%s", c.w.logLevels("WARN", "ERROR"))
 	}
 	t.Logf("%d rows written across pause, stop, restarts and a SIGTERM restart", len(expected))
 }

@@ -220,6 +220,23 @@ func (w *worker) logContains(s string) bool {
 	return err == nil && bytes.Contains(b, []byte(s))
 }
 
+// logLevels returns the log lines at the given levels (JSON log format).
+func (w *worker) logLevels(levels ...string) string {
+	b, err := os.ReadFile(w.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, lv := range levels {
+			if strings.Contains(l, `"level":"`+lv+`"`) {
+				out = append(out, l)
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
