@@ -37,8 +37,9 @@ type env struct {
 	w       *Worker
 	ledger  *connect.MemoryLedger
 
-	mu     sync.Mutex
-	events []event
+	mu          sync.Mutex
+	events      []event
+	extraTopics []string
 }
 
 func testLogger() *slog.Logger {
@@ -75,8 +76,44 @@ func newEnv(t *testing.T, opts ...Opt) *env {
 		if err := e.w.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
+		e.dropKafkaObjects(ctx)
 	})
 	return e
+}
+
+// dropKafkaObjects deletes the topics and consumer groups the test's
+// connectors used, so a run against a real broker leaves nothing behind
+// (the in-process broker is discarded anyway).
+func (e *env) dropKafkaObjects(ctx context.Context) {
+	e.mu.Lock()
+	connectors := map[string]bool{}
+	for _, ev := range e.events {
+		connectors[ev.connector] = true
+	}
+	topics := slices.Clone(e.extraTopics)
+	e.mu.Unlock()
+	var groups []string
+	for c := range connectors {
+		topics = append(topics, e.w.Topics(c)...)
+		groups = append(groups, groupID(c))
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	_, _ = adm.DeleteGroups(ctx, groups...)
+	if len(topics) > 0 {
+		_, _ = adm.DeleteTopics(ctx, topics...)
+	}
+}
+
+// dropTopic registers a topic the test created itself for deletion.
+func (e *env) dropTopic(topics ...string) {
+	e.mu.Lock()
+	e.extraTopics = append(e.extraTopics, topics...)
+	e.mu.Unlock()
 }
 
 func (e *env) ctx() context.Context {

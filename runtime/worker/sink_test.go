@@ -103,6 +103,7 @@ func TestSinkErrantRecords(t *testing.T) {
 			e := newEnv(t)
 			name, topic := testenv.Unique("errant-"), testenv.Unique("errant-topic-")
 			dlq := testenv.Unique("dlq-")
+			e.dropTopic(dlq)
 			produce(t, e.brokers, topic, 5, func(i int) string {
 				if i == 2 {
 					return "bad"
