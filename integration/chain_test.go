@@ -596,13 +596,17 @@ type phaseMark struct {
 // they arrived.
 func duplicatesByArrival(col *collector, marks []phaseMark) string {
 	msgs, _ := col.snapshot()
-	seen := map[string]bool{}
+	seen := map[string][]byte{}
 	per := make([]int, len(marks))
+	var example [][]byte
 	for _, m := range msgs {
 		k := m.id() + "|" + m.key()
-		if !seen[k] {
-			seen[k] = true
+		if seen[k] == nil {
+			seen[k] = m.raw
 			continue
+		}
+		if example == nil {
+			example = [][]byte{seen[k], m.raw}
 		}
 		i := sort.Search(len(marks), func(i int) bool { return marks[i].at.After(m.at) }) - 1
 		if i >= 0 {
@@ -614,6 +618,9 @@ func duplicatesByArrival(col *collector, marks []phaseMark) string {
 		if per[i] > 0 {
 			parts = append(parts, fmt.Sprintf("%s: %d", m.label, per[i]))
 		}
+	}
+	if len(example) > 0 {
+		parts = append(parts, "e.g. first "+string(example[0])+" then "+string(example[1]))
 	}
 	return strings.Join(parts, ", ")
 }
