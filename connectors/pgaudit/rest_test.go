@@ -31,57 +31,9 @@ func TestREST(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "orders")+` (id int PRIMARY KEY)`)
-	seeds := testenv.KafkaBrokers(t)
-	reg, err := plugins.New(Plugin())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.OpenFile(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st := newStack(t)
 	ctx := testCtx(t)
-	h, err := herder.NewStandalone(ctx, herder.WithStore(st), herder.WithPlugins(reg), herder.WithLogger(log),
-		herder.WithKafkaAdmin(kadm.NewClient(cl)), herder.WithDeletionRetry(time.Hour, time.Hour),
-		herder.WithWorker(func(l worker.StatusListener) (herder.Worker, error) {
-			return worker.New(worker.WithID("pgaudit-test"), worker.WithPlugins(reg), worker.WithOffsetStore(st),
-				worker.WithKafka(seeds), worker.WithLogger(log), worker.WithStatusListener(l))
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(rest.New(h))
-	t.Cleanup(func() {
-		srv.Close()
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = h.Close(cctx)
-		cl.Close()
-		_ = st.Close()
-	})
-	call := func(method, path string, body any) (int, string) {
-		t.Helper()
-		var rd io.Reader
-		if body != nil {
-			b, _ := json.Marshal(body)
-			rd = bytes.NewReader(b)
-		}
-		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, rd)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
-
+	call := st.call
 	pwURL := strings.Replace(url, "postgres@", "postgres:pw123@", 1) // trust auth ignores it
 	audit := auditSchemaFor(t, db)
 	bad := []struct {
@@ -112,17 +64,7 @@ func TestREST(t *testing.T) {
 	if code, body := call("POST", "/connectors", map[string]any{"name": name, "config": cfg}); code != http.StatusCreated {
 		t.Fatalf("POST /connectors = %d %s", code, body)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, body := call("GET", "/connectors/"+name+"/status", nil)
-		if strings.Contains(body, `"tasks":[{`) && !strings.Contains(body, "FAILED") && strings.Count(body, `"RUNNING"`) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connector not RUNNING: %s", body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	st.awaitRunning(name)
 	_, body := call("GET", "/connectors/"+name+"/resources", nil)
 	for _, want := range []string{KindSchema, KindTable, KindFunction, KindTrigger, objectNames(name).table} {
 		if !strings.Contains(body, want) {
@@ -142,4 +84,89 @@ func TestREST(t *testing.T) {
 		t.Errorf("DELETE left the owned audit schema (%v)", err)
 	}
 	awaitNoConnections(t, db, name)
+}
+
+// stack is the REST API over the standalone herder, a file store and the
+// real worker, with pgaudit as the only plugin.
+type stack struct {
+	t     *testing.T
+	seeds []string
+	srv   *httptest.Server
+}
+
+func newStack(t *testing.T) *stack {
+	ctx := testCtx(t)
+	seeds := testenv.KafkaBrokers(t)
+	reg, err := plugins.New(Plugin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenFile(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h, err := herder.NewStandalone(ctx, herder.WithStore(st), herder.WithPlugins(reg), herder.WithLogger(log),
+		herder.WithKafkaAdmin(kadm.NewClient(cl)), herder.WithDeletionRetry(time.Hour, time.Hour),
+		herder.WithWorker(func(l worker.StatusListener) (herder.Worker, error) {
+			return worker.New(worker.WithID("pgaudit-test"), worker.WithPlugins(reg), worker.WithOffsetStore(st),
+				worker.WithKafka(seeds), worker.WithLogger(log), worker.WithStatusListener(l))
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(rest.New(h))
+	t.Cleanup(func() {
+		srv.Close()
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = h.Close(cctx)
+		cl.Close()
+		_ = st.Close()
+	})
+	return &stack{t: t, seeds: seeds, srv: srv}
+}
+
+func (s *stack) call(method, path string, body any) (int, string) {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, method, s.srv.URL+path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// awaitRunning waits for the connector and its task to be RUNNING.
+func (s *stack) awaitRunning(name string) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, body := s.call("GET", "/connectors/"+name+"/status", nil)
+		if strings.Contains(body, `"tasks":[{`) && !strings.Contains(body, "FAILED") && strings.Count(body, `"RUNNING"`) == 2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("connector not RUNNING: %s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
 }

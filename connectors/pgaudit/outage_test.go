@@ -1,0 +1,178 @@
+package pgaudit
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+)
+
+// proxy forwards a local port to PostgreSQL and can go down (refusing and
+// cutting every connection) and come back on the same port: the database
+// "going away" without stopping the shared server.
+type proxy struct {
+	t      testing.TB
+	addr   string // 127.0.0.1:port
+	target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func newProxy(t testing.TB, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{t: t, addr: ln.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
+	p.serve(ln)
+	t.Cleanup(func() { p.down(); p.wg.Wait() })
+	return p
+}
+
+func (p *proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				dst.Close()
+				src.Close()
+			}
+			p.wg.Go(func() { pipe(up, c) })
+			p.wg.Go(func() { pipe(c, up) })
+		}
+	})
+}
+
+// down closes the listener and cuts every forwarded connection.
+func (p *proxy) down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// up listens again on the same port.
+func (p *proxy) up() {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ln, err := net.Listen("tcp", p.addr)
+		if err == nil {
+			p.serve(ln)
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("re-listening on %s: %v", p.addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestOutageThroughRuntime: the database goes away while the connector runs
+// in the real herder and worker: the task retries and loses nothing. A
+// DELETE while it is away fails, leaves the connector visible (FAILED, its
+// deletion naming what remains) and completes when retried after the
+// database is back.
+func TestOutageThroughRuntime(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "orders")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	st := newStack(t)
+	px := newProxy(t, "127.0.0.1:5432")
+	if !strings.Contains(url, "127.0.0.1:5432") {
+		t.Skipf("the outage test proxies 127.0.0.1:5432; %s points elsewhere", testenv.PostgresEnv)
+	}
+	pURL := strings.Replace(url, "127.0.0.1:5432", px.addr, 1)
+	cfg := baseConfig(testenv.Unique("outage-rt-"), pURL, auditSchemaFor(t, db), s+".orders")
+	name := cfg["name"]
+	if code, body := st.call("POST", "/connectors", map[string]any{"name": name, "config": cfg}); code != http.StatusCreated {
+		t.Fatalf("POST = %d %s", code, body)
+	}
+	st.awaitRunning(name)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(st.seeds...), kgo.ConsumeTopics("tc."+s+".orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	seen := map[int]bool{}
+	consume := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for len(seen) < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("consumed %d distinct rows, want %d", len(seen), want)
+			}
+			fctx, cancel := contextWithTimeout(5 * time.Second)
+			fs := cl.PollFetches(fctx)
+			cancel()
+			fs.EachRecord(func(r *kgo.Record) {
+				var k struct{ ID int }
+				if err := json.Unmarshal(r.Key, &k); err == nil {
+					seen[k.ID] = true
+				}
+			})
+		}
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(1, 100) g`)
+	consume(100)
+
+	px.down()
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(101, 300) g`) // written while away
+	time.Sleep(500 * time.Millisecond)                                               // let the task notice and back off; not an assertion
+	px.up()
+	consume(300)
+
+	// Deletion while the database is away.
+	px.down()
+	code, body := st.call("DELETE", "/connectors/"+name, nil)
+	if code < 400 || !strings.Contains(body, "remaining") || strings.Contains(body, "secret") {
+		t.Fatalf("DELETE while away = %d %s, want an error naming what remains", code, body)
+	}
+	_, status := st.call("GET", "/connectors/"+name+"/status", nil)
+	if !strings.Contains(status, `"deletion"`) || !strings.Contains(status, objectNames(name).table) {
+		t.Errorf("status during the failed deletion does not name what remains: %s", status)
+	}
+	if !relExists(t, db, cfg[KeyAuditSchema], objectNames(name).table) {
+		t.Fatal("the audit table vanished although the database was unreachable")
+	}
+	px.up()
+	if code, body := st.call("DELETE", "/connectors/"+name, nil); code != http.StatusNoContent {
+		t.Fatalf("retried DELETE = %d %s", code, body)
+	}
+	if relExists(t, db, cfg[KeyAuditSchema], objectNames(name).table) || triggerCount(t, db, s, "orders") != 0 {
+		t.Error("objects survived the retried deletion")
+	}
+}
