@@ -140,7 +140,7 @@ func TestTopicCreatorIdempotentAndClusterID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close) // runs after the deletion below (cleanups are LIFO)
 	topic := testenv.Unique("created-")
 	adm := kadm.NewClient(cl)
 	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })

@@ -109,6 +109,17 @@ func (e *env) dropKafkaObjects(ctx context.Context) {
 	}
 }
 
+func deleteTopics(brokers []string, topics ...string) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = kadm.NewClient(cl).DeleteTopics(ctx, topics...)
+}
+
 // dropTopic registers a topic the test created itself for deletion.
 func (e *env) dropTopic(topics ...string) {
 	e.mu.Lock()
@@ -234,6 +245,7 @@ func producePartitions(t *testing.T, brokers []string, topic string, partitions 
 	if err := kafka.EnsureTopics(ctx, kadm.NewClient(cl), partitions, -1, topic); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { deleteTopics(brokers, topic) })
 	var recs []*kgo.Record
 	for i := range n {
 		recs = append(recs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(value(i))})
