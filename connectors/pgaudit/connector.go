@@ -337,7 +337,10 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if err != nil {
 		return err
 	}
-	var newly []connect.Resource
+	var (
+		newly     []connect.Resource
+		committed bool
+	)
 	own := func(r connect.Resource) error {
 		if !slices.Contains(before, r) {
 			newly = append(newly, r)
@@ -348,7 +351,7 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 		return nil
 	}
 	defer func() {
-		if err != nil {
+		if err != nil && !committed {
 			// The transaction rolled back: what this attempt recorded was
 			// never created.
 			for _, r := range newly {
@@ -515,6 +518,9 @@ SELECT current_database()::text,
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
 		}
 	}
+	// From here on a failure may have committed (an ambiguous COMMIT):
+	// keep the entries; one whose object does not exist is harmless.
+	committed = true
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("provisioning: commit: %w", err)
 	}
