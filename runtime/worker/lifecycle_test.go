@@ -593,7 +593,7 @@ func TestConnectorStartBlocking(t *testing.T) {
 	e := newEnv(t)
 	name := testenv.Unique("slowstart-")
 	inst := sampleconn.ConnectorInstance(name)
-	cfg := sourceConfig(name, "t", sampleconn.KeyBlockStart, sampleconn.BlockIgnoreCtx)
+	cfg := sourceConfig(name, "t", sampleconn.KeyBlockStart, sampleconn.BlockIgnoreCtx, sampleconn.KeyResources, "r")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger}); err == nil {
@@ -605,8 +605,19 @@ func TestConnectorStartBlocking(t *testing.T) {
 		t.Error("StopConnector returned nil while Start still blocks")
 	}
 	e.awaitCall(inst+" Stop(false)", 1)
+	// A deletion while the plain stop still waits for Start: its Stop(true)
+	// reaches the instance before Stopped.
+	dctx, dcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer dcancel()
+	if err := e.w.StopConnector(dctx, name, true); err == nil {
+		t.Error("deleting StopConnector returned nil while Start still blocks")
+	}
+	e.awaitCall(inst+" Stop(true)", 1)
 	if e.rec.Count(inst+" Stopped") != 0 {
 		t.Fatal("Stopped called while Start is still running")
+	}
+	if _, ok := e.w.ConnectorStatus(name); !ok {
+		t.Error("a connector still stopping is no longer listed")
 	}
 	e.rec.ReleaseBlocked()
 	e.awaitCall(inst+" Stopped", 1)
@@ -614,6 +625,10 @@ func TestConnectorStartBlocking(t *testing.T) {
 	if e.rec.Index(inst+" Start") > e.rec.Index(inst+" Stopped") {
 		t.Errorf("Stopped before Start returned: %v", e.rec.CallsOf(inst))
 	}
+	if e.rec.ResourceExists(inst + "/r") {
+		t.Error("the deletion's Stop(true) did not make Stopped drop the resource")
+	}
+	e.await("the connector forgotten", func() bool { _, ok := e.w.ConnectorStatus(name); return !ok })
 
 	// until-ctx: the caller's deadline interrupts Start, which fails.
 	name2 := testenv.Unique("ctxstart-")

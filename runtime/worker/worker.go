@@ -224,13 +224,16 @@ type connInstance struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	startDone chan struct{} // closed when Start returned (or was skipped)
+	startDone  chan struct{} // closed when Start returned (or was skipped)
+	finishDone chan struct{} // closed when Stopped returned; finishErr is its result
+	finishErr  error
 
 	mu       sync.Mutex
 	status   Status
 	target   TargetState
 	started  bool // Start was attempted
-	finished bool // Stopped was called
+	finished     bool // finish began: Stop was called
+	stoppedBegun bool // Stopped was called: no more Stop calls
 	deleted  bool
 }
 
@@ -266,7 +269,7 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	typ := conn.Spec().Type
 	host := w.host(run.Name, -1, run.Ledger, run.CleanupOnly, typ)
 	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target, startDone: make(chan struct{})}
+	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target, startDone: make(chan struct{}), finishDone: make(chan struct{})}
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
@@ -327,30 +330,46 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	}
 }
 
-// finish calls Stop (unless already stopping) and Stopped once.
+// finish calls Stop(deleted) and, once Start has returned, Stopped. A
+// second call before Stopped began delivers its Stop too (a deletion after a
+// plain stop reaches the instance); every call returns Stopped's result.
 func (c *connInstance) finish(w *Worker, deleted bool) error {
 	c.mu.Lock()
-	if c.finished || !c.started {
+	if !c.started {
 		c.mu.Unlock()
 		return nil
 	}
-	c.finished = true
-	if deleted {
-		c.deleted = true
+	if c.finished {
+		if !c.stoppedBegun {
+			c.deleted = c.deleted || deleted
+			c.conn.Stop(deleted) // under c.mu: never overlaps Stopped
+		}
+		c.mu.Unlock()
+		<-c.finishDone
+		return c.finishErr
 	}
-	c.mu.Unlock()
+	c.finished = true
+	c.deleted = c.deleted || deleted
 	c.cancel()
 	c.conn.Stop(deleted)
+	c.mu.Unlock()
 	<-c.startDone // Stopped comes after Start returned, even if Stop raced it
+	c.mu.Lock()
+	c.stoppedBegun = true
+	deleted = c.deleted
+	c.mu.Unlock()
 	sctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), c.host), w.stoppedTimeout)
 	defer cancel()
 	err := c.conn.Stopped(sctx)
 	if err != nil {
 		c.host.Logger.Error("connector Stopped failed", "error", err, "deleted", deleted)
-		return fmt.Errorf("worker: connector %s: Stopped: %w", c.name, err)
+		err = fmt.Errorf("worker: connector %s: Stopped: %w", c.name, err)
+	} else {
+		c.host.Logger.Info("connector stopped", "deleted", deleted)
 	}
-	c.host.Logger.Info("connector stopped", "deleted", deleted)
-	return nil
+	c.finishErr = err
+	close(c.finishDone)
+	return err
 }
 
 // TaskConfigs asks a running connector for its task configurations, honouring
@@ -403,24 +422,25 @@ func (w *Worker) StopConnector(ctx context.Context, name string, connectorDelete
 	w.wg.Add(1) // Close waits for a Stopped that outlives this call
 	go func() {
 		defer w.wg.Done()
-		done <- c.finish(w, connectorDeleted)
+		err := c.finish(w, connectorDeleted)
+		w.mu.Lock()
+		if w.connectors[name] == c {
+			delete(w.connectors, name)
+		}
+		w.mu.Unlock()
+		done <- err
 	}()
-	var err error
 	select {
-	case err = <-done:
+	case err := <-done:
+		if connectorDeleted || err == nil {
+			w.report(name, -1, Status{State: StateUnassigned})
+		}
+		return err
 	case <-ctx.Done():
-		// Stopped goes on; the goroutine ends when it returns.
-		err = fmt.Errorf("worker: connector %s: still stopping when the caller gave up: %w", name, ctx.Err())
+		// Stopped goes on; the instance stays listed until it returns, and
+		// a later StopConnector delivers its Stop and waits again.
+		return fmt.Errorf("worker: connector %s: still stopping when the caller gave up: %w", name, ctx.Err())
 	}
-	w.mu.Lock()
-	if w.connectors[name] == c {
-		delete(w.connectors, name)
-	}
-	w.mu.Unlock()
-	if connectorDeleted || err == nil {
-		w.report(name, -1, Status{State: StateUnassigned})
-	}
-	return err
 }
 
 // SetTargetState pauses or resumes a connector and its tasks. A paused task
