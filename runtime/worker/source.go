@@ -162,7 +162,9 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 		var interrupt *time.Timer
 		if len(s.queue) > 0 {
 			s.mu.Lock()
-			s.pollCancel, s.pollStart, s.ackSincePoll = cancel, time.Now(), false
+			// An ack signalled since processAcks ran counts too: its callback
+			// will not come again.
+			s.pollCancel, s.pollStart, s.ackSincePoll = cancel, time.Now(), len(s.acked) > 0
 			s.mu.Unlock()
 			interrupt = time.AfterFunc(commitInterruptAfter, func() {
 				s.mu.Lock()
@@ -276,11 +278,12 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 					s.pollCancel = nil
 				}
 			}
-			s.mu.Unlock()
+			// Signalled under mu, so the Poll set-up above sees it.
 			select {
 			case s.acked <- struct{}{}:
 			default:
 			}
+			s.mu.Unlock()
 		})
 	}
 	return nil
