@@ -37,5 +37,12 @@ func TestConformance(t *testing.T) {
 			return baseConfig(testenv.Unique("broken-"), "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", "tidyconnect", "public.nothing")
 		},
 		Connections: func(ctx context.Context, name string) (int, error) { return connections(ctx, db, name) },
+		SourceChanges: func(t testing.TB, cfg connect.Config, n int) {
+			ts, err := parseTables(cfg[KeyTables])
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, db, `INSERT INTO `+ts[0].quoted()+` SELECT g, 'v' FROM generate_series(1, $1::int) g`, n)
+		},
 	})
 }

@@ -9,7 +9,10 @@
 //     never dropped;
 //   - Stop may repeat and run concurrently; it interrupts a blocking Poll;
 //   - Stopped releases every connection and goroutine, also after a failed
-//     Start.
+//     Start;
+//   - (with Subject.SourceChanges) a source task delivers again after a
+//     restart what Poll returned but nobody committed, and never what was
+//     committed.
 package connecttest
 
 import (
@@ -52,6 +55,12 @@ type Subject struct {
 	// set the kit checks that Put and Flush report exactly the delivered
 	// offsets and that Stop makes a Put with a cancelled context return.
 	SinkRecords func(t testing.TB, cfg connect.Config) []connect.SinkRecord
+	// SourceChanges makes the external system produce n changes that a
+	// source connector started with cfg captures (rows written, messages
+	// sent). Optional; when set the kit checks that records Poll returned
+	// but nobody committed are delivered again after a restart, and that
+	// committed ones are not.
+	SourceChanges func(t testing.TB, cfg connect.Config, n int)
 	// Timeout bounds each step; default 30s.
 	Timeout time.Duration
 }
@@ -67,6 +76,9 @@ func Run(t *testing.T, s Subject) {
 	t.Run("StopInterruptsPoll", func(t *testing.T) { stopInterruptsPoll(t, s) })
 	if s.SinkRecords != nil {
 		t.Run("SinkFlushReportsDelivered", func(t *testing.T) { sinkFlushReportsDelivered(t, s) })
+	}
+	if s.SourceChanges != nil {
+		t.Run("SourceRedeliversUncommitted", func(t *testing.T) { sourceRedeliversUncommitted(t, s) })
 	}
 	if s.PreExisting != nil {
 		t.Run("PreExistingNeverDropped", func(t *testing.T) { preExistingNeverDropped(t, s) })
@@ -431,6 +443,81 @@ func sinkFlushReportsDelivered(t *testing.T, s Subject) {
 		case <-done:
 		case <-time.After(s.Timeout):
 			t.Fatalf("task %d: Put did not return after its context was cancelled and Stop was called", i)
+		}
+	}
+}
+
+// pollSources polls every source task (no Commit) until at least want
+// records arrived or, with want == 0, for quiet; it returns the records per
+// task.
+func pollSources(t testing.TB, s Subject, in *instance, want int, quiet time.Duration) [][]connect.SourceRecord {
+	t.Helper()
+	out := make([][]connect.SourceRecord, len(in.tasks))
+	total := 0
+	deadline := time.Now().Add(s.Timeout)
+	if want == 0 {
+		deadline = time.Now().Add(quiet)
+	}
+	for total < want || want == 0 {
+		if time.Now().After(deadline) {
+			if want == 0 {
+				break
+			}
+			t.Fatalf("Poll returned %d records, want at least %d", total, want)
+		}
+		for i, task := range in.tasks {
+			src, ok := task.(connect.SourceTask)
+			if !ok {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(s.ctx(t), 200*time.Millisecond)
+			recs, err := src.Poll(ctx)
+			cancelled := ctx.Err() != nil
+			cancel()
+			if err != nil && !cancelled {
+				t.Fatalf("task %d Poll: %v", i, err)
+			}
+			out[i] = append(out[i], recs...)
+			total += len(recs)
+		}
+	}
+	return out
+}
+
+func sourceRedeliversUncommitted(t *testing.T, s Subject) {
+	const n = 10
+	cfg := s.Config(t)
+	ledger := connect.NewMemoryLedger()
+	first := start(t, s, cfg, ledger)
+	s.SourceChanges(t, cfg, n)
+	pollSources(t, s, first, n, 0)
+	// Nothing was committed (Kafka never acknowledged): a restart delivers
+	// every record again.
+	if err := first.stop(false); err != nil {
+		t.Fatalf("plain stop: %v", err)
+	}
+	second := start(t, s, cfg, ledger)
+	again := pollSources(t, s, second, n, 0)
+	for i, task := range second.tasks {
+		if src, ok := task.(connect.SourceTask); ok && len(again[i]) > 0 {
+			if err := src.Commit(s.ctx(t), again[i]); err != nil {
+				t.Fatalf("task %d Commit: %v", i, err)
+			}
+		}
+	}
+	if err := second.stop(false); err != nil {
+		t.Fatalf("plain stop: %v", err)
+	}
+	// Committed records are not delivered again.
+	third := start(t, s, cfg, ledger)
+	defer func() {
+		if err := third.stop(true); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	}()
+	for i, recs := range pollSources(t, s, third, 0, time.Second) {
+		if len(recs) > 0 {
+			t.Errorf("task %d delivered %d committed record(s) again after a restart", i, len(recs))
 		}
 	}
 }
