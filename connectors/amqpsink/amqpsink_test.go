@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -366,34 +367,73 @@ func TestUnroutableGoesToErrorReporter(t *testing.T) {
 	}
 }
 
-// TestConnectionLoss closes every connection of a vhost of its own in the
-// middle of a stream and checks every record arrived at least once.
+// TestConnectionLoss closes every connection of a vhost of its own while
+// messages are in flight and checks that every record arrived at least once
+// and that no Flush ever reported more than was put.
 func TestConnectionLoss(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
 	rabbitmqctl(t)
 	vhost, vurl := testVhost(t, u)
 	cfg := baseConfig(t, vurl, "stream")
-	cfg[KeyMaxInFlight] = "64"
+	cfg[KeyMaxInFlight] = "256"
 	name := cfg["name"]
 	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
-	const total, batch = 3000, 100
 	tp := connect.TopicPartition{Topic: "stream", Partition: 0}
-	for off := 0; off < total; off += batch {
+	const batch, after, limit = 100, 30, 2000
+	next := 0
+	putBatch := func() {
 		var recs []connect.SinkRecord
-		for i := off; i < off+batch; i++ {
-			recs = append(recs, rec("stream", 0, int64(i), "", fmt.Sprintf("m%05d", i)))
-		}
-		if off == total/2 {
-			ctl(t, "close_all_connections", "-p", vhost, "amqpsink connection-loss test")
+		for range batch {
+			recs = append(recs, rec("stream", 0, int64(next), "", fmt.Sprintf("m%06d", next)))
+			next++
 		}
 		s.put(recs...)
-		if o := s.flush()[tp]; o > int64(off+batch) {
-			t.Fatalf("flushed offset %d beyond what was put (%d)", o, off+batch)
+	}
+	// Close while messages are in flight. Whether any is unconfirmed at the
+	// instant of the close is up to timing, so close again (up to 5 times)
+	// until the republish path has run at least once.
+	for attempt := 1; s.task.republished == 0; attempt++ {
+		if attempt > 5 {
+			t.Fatalf("after 5 closes no unconfirmed message was ever republished (%d reconnects)", s.task.reconnects)
+		}
+		reconnects := s.task.reconnects
+		closed := make(chan struct{})
+		var closeErr error
+		putBatch()
+		go func() {
+			defer close(closed)
+			out, err := exec.Command(rabbitmqctl(t), "close_all_connections", "-p", vhost, "amqpsink connection-loss test").CombinedOutput()
+			if err != nil {
+				closeErr = fmt.Errorf("%v: %s", err, out)
+			}
+		}()
+		// Stream without waiting for confirms until the close happened, and
+		// a while after it; flush now and then as the worker does.
+		for extra := 0; extra < after && next < limit*batch; {
+			select {
+			case <-closed:
+				extra++
+			default:
+			}
+			putBatch()
+			if next%(50*batch) == 0 {
+				if o := s.flush()[tp]; o > int64(next) {
+					t.Fatalf("flushed offset %d beyond what was put (%d)", o, next)
+				}
+			}
+		}
+		<-closed
+		if closeErr != nil {
+			t.Fatalf("rabbitmqctl close_all_connections: %v", closeErr)
+		}
+		if o := s.flush()[tp]; o != int64(next) {
+			t.Fatalf("flushed offset = %d after the close, want %d", o, next)
+		}
+		if s.task.reconnects == reconnects {
+			t.Fatal("the task did not reconnect: the connections were not closed mid-stream")
 		}
 	}
-	if o := s.flush()[tp]; o != total {
-		t.Fatalf("final flushed offset = %d, want %d", o, total)
-	}
+	total := next
 	b := newBroker(t, vurl) // after the close, so it is not closed itself
 	n := b.messages(name + ".stream")
 	if n < total {
@@ -408,7 +448,7 @@ func TestConnectionLoss(t *testing.T) {
 			t.Fatalf("record %s never arrived", id)
 		}
 	}
-	t.Logf("%d records, %d messages (%d duplicates from republishing)", total, n, n-total)
+	t.Logf("%d records, %d messages, %d reconnect(s), %d unconfirmed republished (%d duplicates)", total, n, s.task.reconnects, s.task.republished, n-total)
 	if err := s.stop(true); err != nil {
 		t.Fatal(err)
 	}

@@ -129,28 +129,33 @@ func (b *broker) publish(queue, body string) {
 	}
 }
 
-// drain gets want messages from queue (acknowledging them), failing the test
-// if they do not arrive in time.
+// drain consumes want messages from queue (acknowledging them), failing the
+// test if they do not arrive in time.
 func (b *broker) drain(queue string, want int) []amqp.Delivery {
 	b.t.Helper()
 	var out []amqp.Delivery
 	err := b.on(func(ch *amqp.Channel) error {
-		deadline := time.Now().Add(30 * time.Second)
+		if err := ch.Qos(1000, 0, false); err != nil {
+			return err
+		}
+		ds, err := ch.Consume(queue, "", false, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		timeout := time.NewTimer(60 * time.Second)
+		defer timeout.Stop()
 		for len(out) < want {
-			d, ok, err := ch.Get(queue, false)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				if time.Now().After(deadline) {
-					return fmt.Errorf("got %d of %d messages", len(out), want)
+			select {
+			case d, ok := <-ds:
+				if !ok {
+					return fmt.Errorf("consumer closed after %d of %d messages", len(out), want)
 				}
-				time.Sleep(20 * time.Millisecond) // polling an empty queue
-				continue
-			}
-			out = append(out, d)
-			if err := d.Ack(false); err != nil {
-				return err
+				out = append(out, d)
+				if err := d.Ack(false); err != nil {
+					return err
+				}
+			case <-timeout.C:
+				return fmt.Errorf("got %d of %d messages", len(out), want)
 			}
 		}
 		return nil

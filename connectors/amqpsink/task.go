@@ -33,11 +33,12 @@ type Task struct {
 	stopCh   chan struct{}
 
 	// Owned by the task goroutine (Put/Flush/Stopped).
-	known    map[string]bool // topics whose queue and binding are declared
-	topo     *topology
-	fatal    error
-	backlog  []*entry // unconfirmed entries waiting for a session to publish on
-	lastWarn time.Time
+	known   map[string]bool // topics whose queue and binding are declared
+	topo    *topology
+	fatal   error
+	backlog []*entry // unconfirmed entries waiting for a session to publish on
+	// Counters for tests and logs.
+	reconnects, republished int
 
 	mu      sync.Mutex // guards what the pump touches: below, and session.pending
 	sess    *session
@@ -91,7 +92,7 @@ type session struct {
 	pending  map[uint64]*entry // by delivery tag; guarded by Task.mu
 	returned map[string]string // message-id -> reply text; pump only
 	done     chan struct{}     // closed when the pump ends: the channel is gone
-	closeErr error             // why the channel closed; set before done is closed
+	closeErr error             // why the channel closed; guarded by Task.mu
 }
 
 var errStopping = errors.New("amqpsink task is stopping")
@@ -174,6 +175,7 @@ func (t *Task) connect(ctx context.Context) error {
 			return err
 		}
 	}
+	t.republished += len(backlog)
 	if len(backlog) > 0 {
 		t.log.Info("republished unconfirmed messages after reconnecting", "count", len(backlog))
 	}
@@ -184,8 +186,10 @@ func (t *Task) connect(ctx context.Context) error {
 // is always sent before the confirm of the same message, so draining the
 // returns before handling a confirm sees it.
 func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+	var closeErr error
 	defer func() {
 		t.mu.Lock()
+		sess.closeErr = closeErr
 		close(sess.done)
 		t.signalLocked()
 		t.mu.Unlock()
@@ -211,7 +215,7 @@ func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-
 				select {
 				case e := <-closes:
 					if e != nil {
-						sess.closeErr = e
+						closeErr = e
 					}
 				case <-time.After(time.Second): // closed by us: no error follows
 				}
@@ -336,6 +340,7 @@ func (t *Task) reconnect(ctx context.Context) error {
 	for attempt := 1; ; attempt++ {
 		err := t.connect(ctx)
 		if err == nil {
+			t.reconnects++
 			t.log.Info("reconnected to RabbitMQ", "attempt", attempt)
 			return nil
 		}
