@@ -553,3 +553,67 @@ func TestStoppedClosesConnections(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestStopInterruptsWaitForConfirms suspends the queue's process inside the
+// broker (rabbitmqctl eval), so confirms stop coming; a Put blocked on a full
+// window must return when the task is stopped, and Flush must report nothing
+// unconfirmed.
+func TestStopInterruptsWaitForConfirms(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	rabbitmqctl(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "slow")
+	cfg[KeyQueueType] = "classic"
+	cfg[KeyMaxInFlight] = "2"
+	name := cfg["name"]
+	q := name + ".slow"
+	cleanupByName(t, b, name, q)
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, q)
+	ctl(t, "eval", queuePid+", sys:suspend(P).")
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			ctl(t, "eval", queuePid+", sys:resume(P).")
+		}
+	}
+	t.Cleanup(resume)
+
+	done := make(chan error, 1)
+	go func() {
+		var recs []connect.SinkRecord
+		for i := range 10 {
+			recs = append(recs, rec("slow", 0, int64(i), "", "x"))
+		}
+		done <- s.task.Put(ctxT(t), recs)
+	}()
+	if !eventually(30*time.Second, func() bool { return s.task.inflight() == 2 }) {
+		t.Fatalf("Put did not fill the window of 2 (in flight: %d)", s.task.inflight())
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Put returned (%v) while the window was full and no confirm came", err)
+	case <-time.After(200 * time.Millisecond): // it should be blocked; a wait, not an assertion
+	}
+	s.task.Stop(false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Put interrupted by Stop returned %v, want nil (nothing is lost: nothing unconfirmed is flushed)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Put did not return after Stop while waiting for confirms")
+	}
+	offs, err := s.task.Flush(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := offs[connect.TopicPartition{Topic: "slow"}]; ok && o != 0 {
+		t.Errorf("Flush reported offset %d with no message confirmed", o)
+	}
+	resume()
+	if err := s.stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
