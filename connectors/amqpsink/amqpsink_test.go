@@ -297,33 +297,58 @@ func TestCleanupOnDeleteFalseKeepsEverything(t *testing.T) {
 	}
 }
 
-func TestMismatchedQueueFailsStart(t *testing.T) {
+func TestMismatchedObjectFailsStart(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
 	b := newBroker(t, u)
-	cfg := baseConfig(t, u, "t")
-	name := cfg["name"]
-	cleanupByName(t, b, name)
-	b.declareQueue(name+".t", "classic") // the connector wants quorum
-	ledger := connect.NewMemoryLedger()
-	_, err := tryStartSink(t, cfg, ledger, nil)
-	if err == nil {
-		t.Fatal("Start succeeded against a classic queue where a quorum queue is configured")
-	}
-	for _, want := range []string{name + ".t", "x-queue-type", KeyQueueType} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-	// The failed Start still owns the exchange it created; deleting cleans it.
-	c := &Connector{}
-	ctx := connect.WithHost(ctxT(t), testHost(name, -1, ledger, nil))
-	_ = c.Start(ctx, cfg)
-	c.Stop(true)
-	if err := c.Stopped(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if !b.queueExists(name + ".t") {
-		t.Error("the pre-existing mismatched queue was deleted")
+	for _, tc := range []struct {
+		name    string
+		prepare func(name string)
+		want    func(name string) []string
+	}{
+		{"classic queue where quorum is configured",
+			func(name string) { b.declareQueue(name+".t", "classic") },
+			func(name string) []string { return []string{name + ".t", "x-queue-type", KeyQueueType} }},
+		{"fanout exchange where topic is configured",
+			func(name string) {
+				if err := b.on(func(ch *amqp.Channel) error {
+					return ch.ExchangeDeclare(name, "fanout", true, false, false, false, nil)
+				}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			func(name string) []string { return []string{`exchange "` + name + `"`, "type", KeyExchangeType} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := baseConfig(t, u, "t")
+			name := cfg["name"]
+			cleanupByName(t, b, name, name+".t")
+			tc.prepare(name)
+			ledger := connect.NewMemoryLedger()
+			_, err := tryStartSink(t, cfg, ledger, nil)
+			if err == nil {
+				t.Fatal("Start succeeded against an existing object with different arguments")
+			}
+			for _, want := range tc.want(name) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+			// Whatever the failed Start created is owned and goes on deletion;
+			// the pre-existing object stays.
+			c := &Connector{}
+			ctx := connect.WithHost(ctxT(t), testHost(name, -1, ledger, nil))
+			_ = c.Start(ctx, cfg)
+			c.Stop(true)
+			if err := c.Stopped(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if b.queueExists(name+".t") != strings.Contains(tc.name, "queue") {
+				t.Errorf("queue exists = %v after deletion", b.queueExists(name+".t"))
+			}
+			if !strings.Contains(tc.name, "queue") && !b.exchangeExists(name) {
+				t.Error("the pre-existing exchange was deleted")
+			}
+		})
 	}
 }
 
