@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -35,9 +36,14 @@ type sinkLoop struct {
 	committed map[connect.TopicPartition]int64
 	pending   []connect.SinkRecord // fetched but not yet accepted by Put
 	asyncErr  error                // from Open in a callback: fails the task
+	gone      atomic.Bool          // finish gave up waiting for the close: callbacks leave the task alone
 	noFlush   bool                 // failed or finished: callbacks only Close
 	known     map[string]bool
 }
+
+// sinkSessionTimeout is the sink consumers' group session timeout
+// (decision 0013); WithKafka options may override it.
+const sinkSessionTimeout = 10 * time.Second
 
 // groupID is the consumer group of a sink connector, as Kafka Connect names it.
 func groupID(connector string) string { return "connect-" + connector }
@@ -57,6 +63,9 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 		kgo.OnPartitionsAssigned(s.onAssigned),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onRevoked),
+		// Kafka Connect's consumer default is 45 s; a worker killed with
+		// SIGKILL holds its partitions that long (decision 0013).
+		kgo.SessionTimeout(sinkSessionTimeout),
 	}
 	if t.set.topicsRegex != "" {
 		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(t.set.topicsRegex))
@@ -185,8 +194,14 @@ func (s *sinkLoop) put() error {
 // flushAndCommit calls Flush and commits exactly the offsets it returned
 // for assigned partitions (only those in only, if set). Callers hold s.mu.
 func (s *sinkLoop) flushAndCommit(only map[connect.TopicPartition]bool) {
+	s.flushAndCommitCtx(s.t.base, only)
+}
+
+// flushAndCommitCtx is flushAndCommit within parent (the final one is
+// bounded by the rest of the graceful timeout).
+func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.TopicPartition]bool) {
 	t := s.t
-	ctx, cancel := context.WithTimeout(t.base, 30*time.Second)
+	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	defer cancel()
 	offs, err := s.task.Flush(ctx)
 	if err != nil {
@@ -265,6 +280,9 @@ func (s *sinkLoop) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]i
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone.Load() {
+		return
+	}
 	for _, tp := range tps {
 		s.assigned[tp] = true
 		if !s.known[tp.Topic] {
@@ -292,6 +310,9 @@ func (s *sinkLoop) onRevoked(_ context.Context, _ *kgo.Client, m map[string][]in
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.gone.Load() {
+		return
+	}
 	revoked := map[connect.TopicPartition]bool{}
 	for _, tp := range tps {
 		revoked[tp] = true
@@ -317,32 +338,62 @@ func (s *sinkLoop) onRevoked(_ context.Context, _ *kgo.Client, m map[string][]in
 
 // finish flushes and commits (unless the task failed: then only what earlier
 // flushes reported is committed), leaves the group (closing the partitions)
-// and closes the dead letter queue producer.
+// and closes the dead letter queue producer. The flush, commit and leave
+// are bounded by the rest of the graceful timeout: a group that is still
+// waiting for a dead member's session to expire must not hold a stop (or a
+// DELETE) beyond it.
 func (s *sinkLoop) finish() {
-	s.t.mu.Lock()
-	failed := s.t.status.State == StateFailed
-	s.t.mu.Unlock()
+	t := s.t
+	t.mu.Lock()
+	failed := t.status.State == StateFailed
+	stopAt := t.stopAt
+	t.mu.Unlock()
+	if stopAt.IsZero() {
+		stopAt = time.Now() // a failure, not a stop request
+	}
+	ctx, cancel := context.WithDeadline(t.base, stopAt.Add(t.set.grace))
+	defer cancel()
 	s.mu.Lock()
 	if !failed {
-		s.flushAndCommit(nil)
+		s.flushAndCommitCtx(ctx, nil)
 	}
 	s.noFlush = true
 	s.mu.Unlock()
 	// A loop that ended between poll and AllowRebalance would block the
 	// leave's revoke callback forever.
 	s.consumer.AllowRebalance()
-	s.consumer.Close() // leaving the group revokes: onRevoked closes the partitions
+	if err := s.consumer.LeaveGroupContext(ctx); err != nil {
+		// Close below then returns at once; the group drops the member
+		// when its session times out.
+		t.log.Warn("leaving the consumer group did not finish within the graceful timeout; the group reassigns the partitions after the session timeout", "error", err, "session_timeout", sinkSessionTimeout)
+	}
+	// Close waits for the leave to end; bounded too, it finishes in the
+	// background (owned by the worker's WaitGroup) and its callbacks no
+	// longer touch the task, whose Stopped comes next.
+	closed := make(chan struct{})
+	t.w.wg.Add(1)
+	go func() {
+		defer t.w.wg.Done()
+		defer close(closed)
+		s.consumer.Close() // leaving the group revokes: onRevoked closes the partitions
+	}()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		s.gone.Store(true)
+		t.log.Warn("closing the consumer did not finish within the graceful timeout; it finishes in the background", "session_timeout", sinkSessionTimeout)
+	}
 	s.mu.Lock()
 	if left := slices.Collect(maps.Keys(s.assigned)); len(left) > 0 && s.aware != nil {
-		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
-		if err := s.aware.Close(ctx, left); err != nil {
-			s.t.log.Warn("Close of partitions failed", "error", err)
+		cctx, ccancel := context.WithTimeout(t.base, 30*time.Second)
+		if err := s.aware.Close(cctx, left); err != nil {
+			t.log.Warn("Close of partitions failed", "error", err)
 		}
-		cancel()
+		ccancel()
 	}
 	clear(s.assigned)
 	s.mu.Unlock()
-	if r, ok := s.t.host.Errors.(*errantReporter); ok {
+	if r, ok := t.host.Errors.(*errantReporter); ok {
 		r.close()
 	}
 }

@@ -58,6 +58,9 @@ type sourceLoop struct {
 	ackSincePoll bool               // under mu
 }
 
+// commitTimeout bounds one Commit call.
+const commitTimeout = 30 * time.Second
+
 // commitInterruptAfter is how long a Poll may block while acknowledged
 // records wait for their Commit.
 const commitInterruptAfter = 50 * time.Millisecond
@@ -291,11 +294,18 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 
 // processAcks commits the acknowledged prefix of the queue (Poll order) and
 // advances each source partition's offset over its acknowledged prefix.
-func (s *sourceLoop) processAcks() error {
+func (s *sourceLoop) processAcks() error { return s.commitAcked(false) }
+
+// commitAcked is processAcks; with final (the loop has ended and the
+// producer is closed or flushed) it commits every acknowledged record, in
+// Poll order, even past one that failed: a record Kafka holds must reach
+// Commit (a consume-and-delete source would otherwise send it again).
+// Offsets still only advance over each partition's acknowledged prefix.
+func (s *sourceLoop) commitAcked(final bool) error {
 	select {
 	case <-s.acked:
 	default:
-		if !s.wake {
+		if !s.wake && !final {
 			return nil
 		}
 	}
@@ -310,6 +320,22 @@ func (s *sourceLoop) processAcks() error {
 			break
 		}
 		n++
+	}
+	var extra []connect.SourceRecord // final: acknowledged records past the prefix
+	if final {
+		kept := s.queue[:n:n]
+		for _, p := range s.queue[n:] {
+			if p.done && p.err == nil {
+				extra = append(extra, p.rec)
+			} else {
+				kept = append(kept, p)
+			}
+		}
+		if len(extra) > 0 {
+			// The committed prefix plus the unacknowledged rest stay in
+			// order; the extra records are committed after the prefix.
+			s.queue = kept
+		}
 	}
 	for key, ps := range s.byPart {
 		m := 0
@@ -330,16 +356,22 @@ func (s *sourceLoop) processAcks() error {
 		}
 	}
 	s.mu.Unlock()
-	if n > 0 {
-		acked := make([]connect.SourceRecord, n)
+	if n > 0 || len(extra) > 0 {
+		acked := make([]connect.SourceRecord, n, n+len(extra))
 		for i, p := range s.queue[:n] {
 			acked[i] = p.rec
 		}
+		acked = append(acked, extra...)
 		clear(s.queue[:n])
 		s.queue = s.queue[n:]
-		if err := s.task.Commit(s.t.base, acked); err != nil {
+		// Never the loop's context: a stop or pause must not cancel the
+		// confirmation of records that are already in Kafka.
+		ctx, cancel := context.WithTimeout(s.t.base, commitTimeout)
+		err := s.task.Commit(ctx, acked)
+		cancel()
+		if err != nil {
 			// Kafka Connect logs and carries on: the records are in Kafka.
-			s.t.log.Warn("source task Commit failed", "error", err, "records", n)
+			s.t.log.Warn("source task Commit failed; the task may deliver these records again after a restart", "error", err, "records", len(acked))
 		}
 	}
 	if s.firstErr != nil && !errors.Is(s.firstErr, kgo.ErrClientClosed) {
@@ -379,8 +411,9 @@ func (s *sourceLoop) writeOffsets() {
 }
 
 // finish waits (within the rest of the graceful timeout) for in-flight
-// records, commits what was acknowledged, writes the offsets and closes the
-// producer.
+// records, commits every acknowledged one, writes the offsets and closes
+// the producer. Commit gets its own bound (not the exhausted grace): a
+// consume-and-delete source confirms there what Kafka already holds.
 func (s *sourceLoop) finish() {
 	t := s.t
 	t.mu.Lock()
@@ -393,11 +426,21 @@ func (s *sourceLoop) finish() {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	err := s.producer.Flush(ctx)
 	cancel()
-	if err != nil {
-		t.log.Warn("in-flight records were not acknowledged within the graceful timeout; they will be delivered again after a restart", "in_flight", len(s.queue))
+	s.mu.Lock()
+	inFlight := 0
+	for _, p := range s.queue {
+		if !p.done {
+			inFlight++
+		}
 	}
+	s.mu.Unlock()
+	if err != nil {
+		t.log.Warn("in-flight records were not acknowledged within the graceful timeout; they will be delivered again after a restart", "in_flight", inFlight, "error", err)
+	}
+	// Commit what is acknowledged before Close fails the rest, then once
+	// more for acks that raced the close.
+	_ = s.commitAcked(true)
 	s.producer.Close() // fails what is still buffered: never committed
-	s.wake = true
-	_ = s.processAcks()
+	_ = s.commitAcked(true)
 	s.writeOffsets()
 }

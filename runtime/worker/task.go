@@ -40,11 +40,15 @@ type taskInstance struct {
 	loopCancel context.CancelFunc
 	stopAt     time.Time
 
-	started  chan struct{} // closed once Start returned
-	startErr error
-	loopDone chan struct{} // closed when Poll/Put have returned for good
-	done     chan struct{} // closed after Stopped returned
-	stopErr  error         // Stopped's error, read after done
+	started   chan struct{} // closed once Start returned
+	startErr  error
+	loopDone  chan struct{} // closed when Poll/Put have returned for good
+	finalDone chan struct{} // closed after the final flush, commit and client close
+	done      chan struct{} // closed after Stopped returned
+	stopErr   error         // Stopped's error, read after done
+	// stoppedDeleted is the connectorDeleted Stopped ran with, read after
+	// done: a deletion that arrives after a plain Stopped must be told.
+	stoppedDeleted bool
 }
 
 func (t *taskInstance) getStatus() Status {
@@ -59,7 +63,25 @@ func (t *taskInstance) setStatus(s Status) {
 	t.mu.Lock()
 	t.status = s
 	t.mu.Unlock()
-	t.w.report(t.id.Connector, t.id.Task, s)
+	t.reportIfCurrent(s)
+}
+
+// reportIfCurrent reports s unless another instance has replaced t under
+// its id: an abandoned instance that fails later must not overwrite the
+// status of its successor. statusMu orders the check and the report against
+// the successor's own reports.
+func (t *taskInstance) reportIfCurrent(s Status) {
+	w := t.w
+	w.statusMu.Lock()
+	defer w.statusMu.Unlock()
+	w.mu.Lock()
+	cur, ok := w.tasks[t.id]
+	w.mu.Unlock()
+	if ok && cur != t {
+		t.log.Debug("status of a replaced instance not reported", "state", string(s.State))
+		return
+	}
+	w.report(t.id.Connector, t.id.Task, s)
 }
 
 // notify wakes the loop; callers hold t.mu.
@@ -191,33 +213,49 @@ func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
 	t := &taskInstance{
 		w: w, id: run.ID, run: run, class: class, set: set, task: task, typ: typ, host: host, log: host.Logger,
 		base: base, hctx: hctx, cancel: cancel, target: target, changed: make(chan struct{}),
-		started: make(chan struct{}), loopDone: make(chan struct{}), done: make(chan struct{}),
+		started: make(chan struct{}), loopDone: make(chan struct{}), finalDone: make(chan struct{}), done: make(chan struct{}),
 	}
 	if typ == connect.TypeSink {
 		host.Errors = &errantReporter{t: t}
 	}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		cancel()
-		return fmt.Errorf("worker: starting task %s-%d: %w", run.ID.Connector, run.ID.Task, ErrClosed)
-	}
-	if old := w.tasks[run.ID]; old != nil {
+	for {
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			cancel()
+			return fmt.Errorf("worker: starting task %s-%d: %w", run.ID.Connector, run.ID.Task, ErrClosed)
+		}
+		old := w.tasks[run.ID]
+		if old == nil {
+			break
+		}
 		old.mu.Lock()
 		abandoned := old.abandoned
 		old.mu.Unlock()
+		if abandoned {
+			break // still blocked; it finishes on its own
+		}
 		select {
+		case <-old.done:
 		case <-old.loopDone:
-			// Failed or stopped: a restart gets a fresh instance.
-		default:
-			if abandoned {
-				break // still blocked; it finishes on its own
+			// Its final commit is still running: a fresh instance now would
+			// read (and send again) what that commit is about to confirm.
+			w.mu.Unlock()
+			select {
+			case <-old.done:
+			case <-ctx.Done():
+				cancel()
+				return fmt.Errorf("worker: task %s-%d: the previous instance was still finishing its final commit when the caller gave up: %w", run.ID.Connector, run.ID.Task, ctx.Err())
 			}
+			continue
+		default:
 			w.mu.Unlock()
 			cancel()
 			return fmt.Errorf("worker: task %s-%d: %w; stop it first", run.ID.Connector, run.ID.Task, ErrAlreadyExists)
 		}
+		break
 	}
+	// w.mu is held here.
 	w.tasks[run.ID] = t
 	w.wg.Add(1)
 	w.mu.Unlock()
@@ -250,6 +288,7 @@ func (t *taskInstance) runTask() {
 		t.mu.Unlock()
 		close(t.started)
 		close(t.loopDone)
+		close(t.finalDone)
 		close(t.done)
 		return
 	}
@@ -301,6 +340,7 @@ func (t *taskInstance) runTask() {
 	if final != nil {
 		final() // final offset commit, close Kafka clients
 	}
+	close(t.finalDone)
 	t.mu.Lock()
 	needStop := !t.stopCalled
 	t.mu.Unlock()
@@ -312,6 +352,7 @@ func (t *taskInstance) runTask() {
 	t.final = true
 	deleted := t.deleted
 	t.mu.Unlock()
+	t.stoppedDeleted = deleted
 	sctx, cancel := context.WithTimeout(t.base, t.w.stoppedTimeout)
 	t.stopErr = t.task.Stopped(sctx)
 	cancel()
@@ -333,15 +374,32 @@ func (t *taskInstance) runTask() {
 	}
 }
 
-// errAbandoned is returned by StopTasks for a task that did not return from
-// Poll/Put within the graceful timeout.
-var errAbandoned = errors.New("task did not return from Poll/Put within the graceful timeout and was abandoned; its Stopped runs when the call returns")
+// errAbandoned is returned by StopTasks for a task that did not finish
+// within the graceful timeout.
+var errAbandoned = errors.New("task did not finish Poll/Put and its final flush and commit within the graceful timeout and was abandoned; its Stopped runs once it does")
+
+// ErrAlreadyStopped is returned (wrapped) by StopTasks with
+// connectorDeleted=true for a task instance whose Stopped had already run
+// with connectorDeleted=false (it failed, or a plain stop got there first),
+// and by StopConnector likewise: the deletion never reached the instance,
+// so its owned resources are still there. Complete the deletion with a
+// CleanupOnly instance.
+var ErrAlreadyStopped = errors.New("instance had already stopped without deletion")
 
 // StopTasks stops tasks concurrently: Stop(connectorDeleted), wait for the
-// loop to end within the graceful timeout, final offset commit, Stopped. It
-// returns Stopped's error per task (a failed cleanup), and an error for a task
-// abandoned after the graceful timeout. Unknown ids are ignored; a task that
-// already failed (its Stopped already ran) is only forgotten.
+// loop to end and for the final flush, commit and offset write, all within
+// the graceful timeout, then Stopped (bounded by WithStoppedTimeout and ctx).
+// Per task it returns:
+//   - nil when the instance stopped (and, for a deletion, its Stopped ran
+//     with connectorDeleted=true and succeeded);
+//   - Stopped's error (a failed cleanup);
+//   - an error wrapping errAbandoned when the graceful timeout passed
+//     (the status shows Abandoned; Stopped runs later, exactly once);
+//   - with connectorDeleted=true, an error wrapping ErrAlreadyStopped when
+//     the instance's Stopped had already run with connectorDeleted=false
+//     (e.g. it failed earlier): nothing was cleaned up.
+//
+// Unknown ids are ignored; a task that already finished is only forgotten.
 func (w *Worker) StopTasks(ctx context.Context, ids []TaskID, connectorDeleted bool) map[TaskID]error {
 	out := make(map[TaskID]error, len(ids))
 	var mu sync.Mutex
@@ -364,11 +422,25 @@ func (w *Worker) StopTasks(ctx context.Context, ids []TaskID, connectorDeleted b
 	return out
 }
 
+// stoppedResult is the result of a stop whose Stopped has returned.
+func (t *taskInstance) stoppedResult(deleted bool) error {
+	if deleted && !t.stoppedDeleted {
+		return fmt.Errorf("worker: task %s-%d: Stopped already ran with connectorDeleted=false, so the deletion did not reach it: %w", t.id.Connector, t.id.Task, ErrAlreadyStopped)
+	}
+	if t.stopErr != nil {
+		return fmt.Errorf("worker: task %s-%d: Stopped: %w", t.id.Connector, t.id.Task, t.stopErr)
+	}
+	return nil
+}
+
 func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) error {
 	select {
 	case <-t.done:
 		// Already finished (failed): nothing more is called on it.
 		w.forgetTask(t)
+		if deleted && !t.stoppedDeleted {
+			return t.stoppedResult(deleted)
+		}
 		return nil
 	default:
 	}
@@ -378,33 +450,31 @@ func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) er
 	t.requestStop(deleted)
 	grace := time.NewTimer(t.set.grace)
 	defer grace.Stop()
-	select {
-	case <-t.loopDone:
-	case <-grace.C:
-		return w.abandon(t)
-	case <-ctx.Done():
-		return w.abandon(t)
+	// The graceful timeout covers the final flush and commit too (contract
+	// rule 7); only Stopped, which may drop resources, has its own bound.
+	for _, ch := range []chan struct{}{t.loopDone, t.finalDone} {
+		select {
+		case <-ch:
+		case <-grace.C:
+			return w.abandon(t, deleted)
+		case <-ctx.Done():
+			return w.abandon(t, deleted)
+		}
 	}
 	select {
 	case <-t.done:
 	case <-ctx.Done():
-		return fmt.Errorf("worker: task %s-%d: final commit or Stopped still running when the caller gave up: %w", t.id.Connector, t.id.Task, ctx.Err())
+		return fmt.Errorf("worker: task %s-%d: Stopped still running when the caller gave up (it runs on, bounded by the Stopped timeout): %w", t.id.Connector, t.id.Task, ctx.Err())
 	}
 	w.forgetTask(t)
-	if t.stopErr != nil {
-		return fmt.Errorf("worker: task %s-%d: Stopped: %w", t.id.Connector, t.id.Task, t.stopErr)
-	}
-	return nil
+	return t.stoppedResult(deleted)
 }
 
-func (w *Worker) abandon(t *taskInstance) error {
+func (w *Worker) abandon(t *taskInstance, deleted bool) error {
 	select {
 	case <-t.done: // returned just now after all
 		w.forgetTask(t)
-		if t.stopErr != nil {
-			return fmt.Errorf("worker: task %s-%d: Stopped: %w", t.id.Connector, t.id.Task, t.stopErr)
-		}
-		return nil
+		return t.stoppedResult(deleted)
 	default:
 	}
 	t.mu.Lock()
@@ -413,7 +483,7 @@ func (w *Worker) abandon(t *taskInstance) error {
 	s := t.status
 	t.mu.Unlock()
 	t.log.Error("task did not stop within the graceful timeout; abandoning it", "graceful_timeout", t.set.grace)
-	w.report(t.id.Connector, t.id.Task, s)
+	t.reportIfCurrent(s)
 	select {
 	case <-t.done:
 		w.forgetTask(t)
@@ -424,13 +494,20 @@ func (w *Worker) abandon(t *taskInstance) error {
 	return fmt.Errorf("worker: task %s-%d: %w", t.id.Connector, t.id.Task, errAbandoned)
 }
 
-// forgetTask removes a finished t from the running set.
+// forgetTask removes a finished t from the running set and reports it
+// UNASSIGNED, unless it failed or another instance already replaced it.
 func (w *Worker) forgetTask(t *taskInstance) {
+	w.statusMu.Lock()
+	defer w.statusMu.Unlock()
 	w.mu.Lock()
-	if w.tasks[t.id] == t {
+	cur, ok := w.tasks[t.id]
+	if cur == t {
 		delete(w.tasks, t.id)
 	}
 	w.mu.Unlock()
+	if ok && cur != t {
+		return
+	}
 	t.mu.Lock()
 	failed := t.status.State == StateFailed
 	t.mu.Unlock()

@@ -41,6 +41,10 @@ type Worker struct {
 	adminErr  error
 	creator   *kafka.TopicCreator
 
+	// statusMu orders "is this instance still the current one" checks with
+	// the reports they guard; taken before mu.
+	statusMu sync.Mutex
+
 	mu         sync.Mutex
 	closed     bool
 	connectors map[string]*connInstance
@@ -228,13 +232,13 @@ type connInstance struct {
 	finishDone chan struct{} // closed when Stopped returned; finishErr is its result
 	finishErr  error
 
-	mu       sync.Mutex
-	status   Status
-	target   TargetState
-	started  bool // Start was attempted
+	mu           sync.Mutex
+	status       Status
+	target       TargetState
+	started      bool // Start was attempted
 	finished     bool // finish began: Stop was called
 	stoppedBegun bool // Stopped was called: no more Stop calls
-	deleted  bool
+	deleted      bool
 }
 
 func (c *connInstance) setStatus(w *Worker, s Status) {
@@ -340,12 +344,18 @@ func (c *connInstance) finish(w *Worker, deleted bool) error {
 		return nil
 	}
 	if c.finished {
+		late := false
 		if !c.stoppedBegun {
 			c.deleted = c.deleted || deleted
 			c.conn.Stop(deleted) // under c.mu: never overlaps Stopped
+		} else if deleted && !c.deleted {
+			late = true // Stopped began without deletion: too late to tell it
 		}
 		c.mu.Unlock()
 		<-c.finishDone
+		if late {
+			return fmt.Errorf("worker: connector %s: its Stopped already ran with connectorDeleted=false, so nothing was cleaned up; complete the deletion with a CleanupOnly instance: %w", c.name, ErrAlreadyStopped)
+		}
 		return c.finishErr
 	}
 	c.finished = true
@@ -407,10 +417,12 @@ func (w *Worker) TaskConfigs(ctx context.Context, connector string) ([]map[strin
 }
 
 // StopConnector calls Stop(connectorDeleted) and Stopped on the connector
-// instance and forgets it. It returns Stopped's error. An instance whose
-// Stopped already ran (its Start failed) or that was never started is only
-// forgotten: completing a deletion for it is the herder's (a CleanupOnly
-// instance).
+// instance and forgets it. It returns Stopped's error. An instance that was
+// never started is only forgotten. With connectorDeleted=true, an instance
+// whose Stopped already began with connectorDeleted=false (its Start failed,
+// or a plain stop got there first) returns an error wrapping
+// ErrAlreadyStopped: the deletion did not reach it and completing it is the
+// herder's (a CleanupOnly instance).
 func (w *Worker) StopConnector(ctx context.Context, name string, connectorDeleted bool) error {
 	w.mu.Lock()
 	c := w.connectors[name]
