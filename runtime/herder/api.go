@@ -27,7 +27,9 @@ type API interface {
 
 	// CreateConnector validates and creates; ErrAlreadyExists if present.
 	CreateConnector(ctx context.Context, name string, cfg connect.Config, initial worker.TargetState) (ConnectorInfo, error)
-	// PutConnectorConfig creates or replaces; created reports which.
+	// PutConnectorConfig creates or replaces; created reports which. On a
+	// connector whose deletion failed it replaces the config the next
+	// deletion attempt uses (the connector stays in deletion).
 	PutConnectorConfig(ctx context.Context, name string, cfg connect.Config) (info ConnectorInfo, created bool, err error)
 	// PatchConnectorConfig merges patch into the stored config; a key with a
 	// nil value is removed.
@@ -184,7 +186,7 @@ func (e *DeletionError) Error() string {
 	for i, r := range e.Remaining {
 		names[i] = r.String()
 	}
-	return fmt.Sprintf("deletion of connector %s is incomplete; remaining: [%s]: %v; retry DELETE once the cause is fixed", e.Connector, strings.Join(names, ", "), e.Err)
+	return fmt.Sprintf("deletion of connector %s is incomplete; remaining: [%s]: %v; it is retried in the background; fix the cause (if it is the configuration, e.g. a rotated password or a moved server, fix the configuration with PUT /connectors/%s/config), then retry DELETE", e.Connector, strings.Join(names, ", "), e.Err, e.Connector)
 }
 
 func (e *DeletionError) Unwrap() error { return e.Err }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -72,16 +73,39 @@ func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
 	h.runHook(hookIntentWritten, c.name)
 
 	// Tasks first, each Stop(true) then Stopped, all before the connector's
-	// Stop(true) (contract rule 5).
+	// Stop(true) (contract rule 5). Stuck tasks from an earlier attempt
+	// are still in c.tasks: they get Stop(true) and another graceful period.
 	taskErrs := h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), true)
 	h.runHook(hookTasksStopped, c.name)
+	if taskErr := h.taskStopFailure(c, taskErrs); taskErr != nil {
+		// A task that has not finished may still touch the shared
+		// resources (an abandoned Put resuming, say): the connector keeps
+		// running and gets no Stop(true) until every task has finished.
+		return h.failAttempt(ctx, c, &in, taskErr)
+	}
 	in.Phase = store.PhaseStoppingConnector
 	h.putPhase(ctx, c, &in)
 
 	var connErr error
-	if c.running {
+	switch {
+	case c.running:
 		connErr = h.stopConnectorLocked(ctx, c, true)
-	} else {
+		if errors.Is(connErr, worker.ErrAlreadyStopped) {
+			// Its Stopped ran without the deletion: a cleanup instance
+			// drops what remains (nothing to do if the ledger is empty).
+			connErr = nil
+			if !h.ledgerEmpty(ctx, c) {
+				connErr = h.cleanupOnlyLocked(ctx, c, in.Config)
+			}
+		}
+	case h.ledgerEmpty(ctx, c):
+		// Nothing to drop: no cleanup-only instance, whose Start could fail
+		// forever against a decommissioned system.
+		if c.inWorker {
+			_ = h.stopConnectorLocked(ctx, c, true) // a FAILED instance: only forgotten
+		}
+		log.Info("the connector owns nothing; completing the deletion without a cleanup instance")
+	default:
 		connErr = h.cleanupOnlyLocked(ctx, c, in.Config)
 	}
 	remaining, lerr := h.store.Ledger(c.name).List(ctx)
@@ -92,18 +116,7 @@ func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
 		connErr = fmt.Errorf("the connector's cleanup returned without dropping %d owned resource(s)", len(remaining))
 	}
 	if connErr != nil {
-		for id, err := range taskErrs {
-			if err != nil {
-				connErr = errors.Join(connErr, fmt.Errorf("task %d: %w", id.Task, err))
-			}
-		}
-		in.Phase = store.PhaseCleanupFailed
-		in.LastError = connErr.Error()
-		in.UpdatedAt = time.Now().UTC()
-		h.putPhase(ctx, c, &in)
-		log.Error("connector deletion failed; it stays visible and is retried", "attempt", in.Attempts, "remaining", len(remaining), "error", connErr)
-		h.scheduleRetry(c, in.Attempts)
-		return &DeletionError{Connector: c.name, Remaining: remaining, Err: connErr}
+		return h.failAttempt(ctx, c, &in, connErr)
 	}
 
 	in.Phase = store.PhaseForgetting
@@ -117,6 +130,49 @@ func (h *Standalone) deleteLocked(ctx context.Context, c *conn) error {
 	}
 	log.Info("connector deleted", "attempts", in.Attempts)
 	return nil
+}
+
+// taskStopFailure turns what stopping the tasks of a deletion reported
+// into the error of the attempt, or nil when every task has finished
+// cleanly. Tasks still running are named first.
+func (h *Standalone) taskStopFailure(c *conn, taskErrs map[worker.TaskID]error) error {
+	var errs []error
+	for _, id := range c.tasks {
+		if h.taskAlive(id) {
+			errs = append(errs, fmt.Errorf("task %d is still blocked in Poll/Put past the graceful timeout (abandoned); the connector keeps its shared resources until it returns", id.Task))
+		}
+	}
+	ids := slices.Collect(maps.Keys(taskErrs))
+	slices.SortFunc(ids, func(a, b worker.TaskID) int { return a.Task - b.Task })
+	for _, id := range ids {
+		// A task whose Stopped already ran without the deletion (it had
+		// failed) is finished: the connector's cleanup drops what the
+		// ledger lists, the task's entries included.
+		if err := taskErrs[id]; err != nil && !h.taskAlive(id) && !errors.Is(err, worker.ErrAlreadyStopped) {
+			errs = append(errs, fmt.Errorf("task %d: %w", id.Task, err))
+		}
+	}
+	if len(c.tasks) > 0 && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("tasks %v have not finished", c.tasks))
+	}
+	return errors.Join(errs...)
+}
+
+// failAttempt records a failed deletion attempt (it stays visible, FAILED
+// with the cleanup-failed phase) and schedules the background retry.
+func (h *Standalone) failAttempt(ctx context.Context, c *conn, in *store.DeletionIntent, err error) error {
+	remaining, _ := h.store.Ledger(c.name).List(ctx)
+	in.Phase = store.PhaseCleanupFailed
+	in.LastError = err.Error()
+	h.putPhase(ctx, c, in)
+	h.logger(c).Error("connector deletion failed; it stays visible and is retried", "attempt", in.Attempts, "remaining", len(remaining), "error", err)
+	h.scheduleRetry(c, in.Attempts)
+	return &DeletionError{Connector: c.name, Remaining: remaining, Err: err}
+}
+
+func (h *Standalone) ledgerEmpty(ctx context.Context, c *conn) bool {
+	r, err := h.store.Ledger(c.name).List(ctx)
+	return err == nil && len(r) == 0
 }
 
 // cleanupOnlyLocked completes a deletion when no connector instance runs

@@ -342,6 +342,12 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 			if err := st.PutConnector(ctx, r); err != nil {
 				t.Fatal(err)
 			}
+			// It owns something (its Start never got that far itself), so a
+			// deletion needs a cleanup-only instance.
+			owned := rec.CreateResource(sampleconn.ConnectorInstance(slow) + "/r1")
+			if err := st.Ledger(slow).Own(ctx, owned); err != nil {
+				t.Fatal(err)
+			}
 			st.Close()
 
 			hs.start() // returns although slow's Start blocks

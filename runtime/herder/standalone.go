@@ -138,9 +138,10 @@ type Standalone struct {
 	attemptTimeout time.Duration
 	hook           func(point, connector string)
 
-	mu     sync.Mutex
-	conns  map[string]*conn
-	closed bool
+	mu      sync.Mutex
+	conns   map[string]*conn
+	closed  bool
+	orphans map[string][]connect.Resource // found at start-up
 
 	statusMu sync.Mutex
 	statuses map[worker.TaskID]worker.Status // Task -1 for the connector
@@ -275,6 +276,8 @@ func (h *Standalone) recover(ctx context.Context) error {
 	}
 	h.mu.Unlock()
 
+	h.reportOrphans(ctx)
+
 	// Pending deletions are completed before anything else starts.
 	for _, in := range intents {
 		c := h.get(in.Connector)
@@ -314,6 +317,47 @@ func (h *Standalone) recover(ctx context.Context) error {
 		}()
 	}
 	return nil
+}
+
+// reportOrphans logs, loudly, every ledger the store holds for a connector
+// that has neither a config nor a deletion intent. Nothing cleans these up
+// by itself: without a config no cleanup instance can start. Recreating the
+// connector under the same name (with a config that reaches the system)
+// adopts the ledger, and deleting it drops what it lists.
+func (h *Standalone) reportOrphans(ctx context.Context) {
+	ol, ok := h.store.(store.OrphanLister)
+	if !ok {
+		return
+	}
+	orphans, err := ol.OrphanLedgers(ctx)
+	if err != nil {
+		h.log.Warn("could not look for orphan ledgers", "error", err)
+		return
+	}
+	names := slices.Sorted(maps.Keys(orphans))
+	for _, name := range names {
+		res := make([]string, len(orphans[name]))
+		for i, r := range orphans[name] {
+			res[i] = r.String()
+		}
+		h.log.Error("ORPHAN LEDGER: resources recorded as owned by a connector that no longer exists; nothing will drop them. Recreate the connector with this name and a working config, then DELETE it, or drop them by hand",
+			"connector", name, "resources", res)
+	}
+	h.mu.Lock()
+	h.orphans = orphans
+	h.mu.Unlock()
+}
+
+// OrphanLedgers returns the orphan ledgers found at start-up (see
+// store.OrphanLister), by connector name.
+func (h *Standalone) OrphanLedgers() map[string][]connect.Resource {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string][]connect.Resource, len(h.orphans))
+	for k, v := range h.orphans {
+		out[k] = slices.Clone(v)
+	}
+	return out
 }
 
 // AwaitStarted waits until the connectors found at start-up have been
@@ -369,7 +413,7 @@ func (h *Standalone) lookupLive(ctx context.Context, name string) (*conn, error)
 	}
 	if d := h.deletionOf(c); d != nil {
 		c.unlock()
-		return nil, &BadRequestError{Msg: fmt.Sprintf("connector %s is being deleted (phase %s, last error: %s); retry DELETE /connectors/%s to complete the deletion", c.name, d.Phase, orNone(d.LastError), c.name)}
+		return nil, &BadRequestError{Msg: fmt.Sprintf("connector %s is being deleted (phase %s, last error: %s); fix the configuration with PUT /connectors/%s/config if it is the cause, then retry DELETE /connectors/%s to complete the deletion", c.name, d.Phase, orNone(d.LastError), c.name, c.name)}
 	}
 	return c, nil
 }
@@ -520,6 +564,12 @@ func (h *Standalone) startTasksLocked(ctx context.Context, c *conn, regenerate b
 
 func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 	id := worker.TaskID{Connector: c.name, Task: i}
+	if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
+		// Never two instances of one task: the abandoned one may still
+		// write (offsets, the ledger) when its blocked call returns.
+		h.logger(c).Error("task not started: its previous instance is still blocked in Poll/Put past the graceful timeout; restart the task once it returns", "task", i)
+		return
+	}
 	h.statusMu.Lock()
 	delete(h.statuses, id)
 	h.statusMu.Unlock()
@@ -552,13 +602,39 @@ func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.
 	}
 	h.saveTopics(ctx, c)
 	errs := h.w.StopTasks(ctx, ids, deleted)
-	c.tasks = slices.DeleteFunc(c.tasks, func(id worker.TaskID) bool { return slices.Contains(ids, id) })
+	// An instance the worker still lists did not finish (abandoned after
+	// the graceful timeout, or Stopped still running): it stays in c.tasks
+	// so a deletion waits for it and a restart never runs a second
+	// instance beside it.
+	c.tasks = slices.DeleteFunc(c.tasks, func(id worker.TaskID) bool {
+		return slices.Contains(ids, id) && !h.taskAlive(id)
+	})
 	for id, err := range errs {
 		if err != nil {
-			h.logger(c).Warn("task stop reported an error", "task", id.Task, "connector_deleted", deleted, "error", err)
+			h.logger(c).Warn("task stop reported an error", "task", id.Task, "connector_deleted", deleted, "still_running", h.taskAlive(id), "error", err)
 		}
 	}
 	return errs
+}
+
+// taskAlive reports whether the worker still lists an instance of id after
+// it was asked to stop it: the instance has not finished (Stopped has not
+// returned).
+func (h *Standalone) taskAlive(id worker.TaskID) bool {
+	_, ok := h.w.TaskStatus(id)
+	return ok
+}
+
+// stuckTasks returns c's task instances that were asked to stop and have
+// not finished.
+func (h *Standalone) stuckTasks(c *conn) []worker.TaskID {
+	var out []worker.TaskID
+	for _, id := range c.tasks {
+		if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // stopConnectorLocked stops the connector instance, if the worker has one.
@@ -660,24 +736,43 @@ func (h *Standalone) infoLocked(c *conn) ConnectorInfo {
 	return info
 }
 
-func (h *Standalone) ConnectorInfo(ctx context.Context, name string) (ConnectorInfo, error) {
-	c, err := h.lookup(ctx, name)
-	if err != nil {
-		return ConnectorInfo{}, err
+// snapshot reads what GET requests show without c.op: a stop or deletion
+// stuck for minutes must not hold up reads (c.rec and c.spec are replaced
+// whole under h.mu, never mutated in place).
+func (h *Standalone) snapshot(name string) (store.ConnectorRecord, connect.Spec, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.conns[name]
+	if c == nil {
+		return store.ConnectorRecord{}, connect.Spec{}, false
 	}
-	defer c.unlock()
-	return h.infoLocked(c), nil
+	return c.rec, c.spec, true
+}
+
+func maskWith(spec connect.Spec, cfg connect.Config) connect.Config {
+	return spec.Config.Merge(CommonConfigDef(spec.Type)).Mask(cfg)
+}
+
+func (h *Standalone) ConnectorInfo(ctx context.Context, name string) (ConnectorInfo, error) {
+	rec, spec, ok := h.snapshot(name)
+	if !ok {
+		return ConnectorInfo{}, ErrNotFound
+	}
+	info := ConnectorInfo{Name: name, Config: maskWith(spec, rec.Config), Type: spec.Type, Tasks: []worker.TaskID{}}
+	for i := range rec.Tasks {
+		info.Tasks = append(info.Tasks, worker.TaskID{Connector: name, Task: i})
+	}
+	return info, nil
 }
 
 func (h *Standalone) TaskConfigs(ctx context.Context, name string) ([]TaskInfo, error) {
-	c, err := h.lookup(ctx, name)
-	if err != nil {
-		return nil, err
+	rec, spec, ok := h.snapshot(name)
+	if !ok {
+		return nil, ErrNotFound
 	}
-	defer c.unlock()
 	out := []TaskInfo{}
-	for i, tc := range c.rec.Tasks {
-		out = append(out, TaskInfo{ID: worker.TaskID{Connector: name, Task: i}, Config: h.mask(c, tc)})
+	for i, tc := range rec.Tasks {
+		out = append(out, TaskInfo{ID: worker.TaskID{Connector: name, Task: i}, Config: maskWith(spec, tc)})
 	}
 	return out, nil
 }
@@ -745,23 +840,31 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 		}
 	}
 	h.interruptStart(name)
-	c, err := h.lookupLive(ctx, name)
+	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, false, err
 	}
 	defer c.unlock()
+	if h.deletionOf(c) != nil {
+		info, err := h.reconfigureDeletingLocked(ctx, c, cfg)
+		return info, false, err
+	}
 	info, err := h.reconfigureLocked(ctx, c, cfg)
 	return info, false, err
 }
 
 func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patch map[string]*string) (ConnectorInfo, error) {
 	h.interruptStart(name)
-	c, err := h.lookupLive(ctx, name)
+	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, err
 	}
 	defer c.unlock()
+	d := h.deletionOf(c)
 	cfg := c.rec.Config.Clone()
+	if d != nil && len(d.Config) > 0 {
+		cfg = d.Config.Clone()
+	}
 	for k, v := range patch {
 		if v == nil {
 			delete(cfg, k)
@@ -769,7 +872,61 @@ func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patc
 			cfg[k] = *v
 		}
 	}
+	if d != nil {
+		return h.reconfigureDeletingLocked(ctx, c, cfg)
+	}
 	return h.reconfigureLocked(ctx, c, cfg)
+}
+
+// reconfigureDeletingLocked replaces the config of a connector whose
+// deletion has not completed, so the operator can fix what makes the
+// cleanup fail (a rotated password, a moved server). The connector stays in
+// deletion: nothing is started; a connector instance still running with the
+// old config is stopped (never as a deletion: its resources stay in the
+// ledger) so that the next attempt starts a cleanup-only instance with the
+// new config. The intent holds the config durably.
+func (h *Standalone) reconfigureDeletingLocked(ctx context.Context, c *conn, cfg connect.Config) (ConnectorInfo, error) {
+	d := h.deletionOf(c)
+	old := d.Config
+	if len(old) == 0 {
+		old = c.rec.Config
+	}
+	if c.hasPlugin {
+		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, old)
+	}
+	p, spec, errs := h.validate(ctx, c.name, cfg)
+	if len(errs) > 0 {
+		return ConnectorInfo{}, &ConfigError{Fields: errs}
+	}
+	cfg = cfg.Clone()
+	cfg[KeyName] = c.name
+	now := time.Now().UTC()
+	in := *d
+	in.Config = cfg
+	in.UpdatedAt = now
+	if err := h.store.PutIntent(ctx, in); err != nil {
+		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s, which is being deleted (nothing changed; retry): %w", c.name, err)
+	}
+	h.setDeletion(c, &in)
+	rec := c.rec
+	rec.Config = cfg
+	rec.UpdatedAt = now
+	// The record follows so GET shows what the next attempt uses; a record
+	// already forgotten is not brought back (the intent is authoritative).
+	if _, ok, err := h.store.Connector(ctx, c.name); err == nil && ok {
+		if err := h.store.PutConnector(ctx, rec); err != nil {
+			h.logger(c).Warn("could not update the stored config record of a connector being deleted; the deletion uses the new config anyway", "error", err)
+		}
+	}
+	if c.running {
+		// Its Stopped would clean up with the old config.
+		_ = h.stopConnectorLocked(ctx, c, false)
+	}
+	h.mu.Lock()
+	c.rec, c.plugin, c.spec, c.hasPlugin, c.failure = rec, p, spec, true, ""
+	h.mu.Unlock()
+	h.logger(c).Info("config of a connector being deleted replaced; the next deletion attempt uses it", "phase", in.Phase, "config", h.mask(c, cfg))
+	return h.infoLocked(c), nil
 }
 
 // reconfigureLocked validates the new config, stops the running instances
@@ -1257,16 +1414,22 @@ func (h *Standalone) ResetOffsets(ctx context.Context, name string) error {
 // --- API: topics and resources
 
 func (h *Standalone) Topics(ctx context.Context, name string) ([]string, error) {
-	c, err := h.lookup(ctx, name)
-	if err != nil {
-		return nil, err
+	// No c.op (a stuck stop must not hold up reads) and no write: a store
+	// write here could race a deletion's forget and bring back the
+	// connector's directory. The stored topics plus what the worker saw.
+	if h.get(name) == nil {
+		return nil, ErrNotFound
 	}
-	defer c.unlock()
-	h.saveTopics(ctx, c)
 	t, err := h.store.Topics(ctx, name)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("herder: reading the topics of connector %s: %w", name, err)
 	}
+	for _, w := range h.w.Topics(name) {
+		if !slices.Contains(t, w) {
+			t = append(t, w)
+		}
+	}
+	slices.Sort(t)
 	if t == nil {
 		t = []string{}
 	}

@@ -131,7 +131,7 @@ func TestEndpoints(t *testing.T) {
 			f.errs["DeleteConnector"] = &herder.DeletionError{Connector: "src", Err: errors.New("connection refused"),
 				Remaining: []connect.Resource{{Kind: "postgres.table", Name: "audit_src", Location: "app.public"}}}
 		}, method: "DELETE", path: "/connectors/src", wantStatus: 500,
-			wantBody: `{"error_code":500,"message":"deletion of connector src is incomplete; remaining: [postgres.table audit_src at app.public]: connection refused; retry DELETE once the cause is fixed",
+			wantBody: `{"error_code":500,"message":"deletion of connector src is incomplete; remaining: [postgres.table audit_src at app.public]: connection refused; it is retried in the background; fix the cause (if it is the configuration, e.g. a rotated password or a moved server, fix the configuration with PUT /connectors/src/config), then retry DELETE",
 				"remaining":[{"kind":"postgres.table","name":"audit_src","location":"app.public"}]}`},
 		{name: "offsets", method: "GET", path: "/connectors/src/offsets", wantStatus: 200,
 			wantBody: `{"offsets":[{"partition":{"table":"orders"},"offset":{"id":42}}]}`},

@@ -442,12 +442,21 @@ type fileLedger struct {
 	name string
 }
 
+// ErrNoConnector is returned by Ledger.Own for a connector without a
+// stored config record: it was deleted (or its deletion is forgetting it),
+// so ownership recorded now would outlive every cleanup.
+var ErrNoConnector = errors.New("connector has no stored configuration")
+
+// Own records r. It refuses a connector whose config record does not exist
+// (never created, or forgotten by a deletion) instead of recreating its
+// directory: a late Own from a task that outlived its connector would leave
+// an orphan ledger that no cleanup reads.
 func (l *fileLedger) Own(_ context.Context, r connect.Resource) error {
 	l.f.mu.Lock()
 	defer l.f.mu.Unlock()
-	e, err := l.f.get(l.name, true)
-	if err != nil {
-		return err
+	e, _ := l.f.get(l.name, false)
+	if e == nil || e.rec == nil {
+		return fmt.Errorf("store: refusing to record ownership of %s for connector %s: %w (it was deleted); drop the resource by hand if it was created", r, l.name, ErrNoConnector)
 	}
 	if slices.Contains(e.ledger, r) {
 		return nil
@@ -617,4 +626,21 @@ func (f *File) DeleteIntent(_ context.Context, connector string) error {
 	}
 	e.intent = nil
 	return f.gc(connector)
+}
+
+// OrphanLedgers returns the ledgers of connectors that have neither a
+// config record nor a deletion intent: resources recorded as owned that no
+// deletion will ever drop (left by a version whose deletion could forget a
+// connector while one of its tasks still ran). Recreating the connector
+// with the same name adopts the ledger; deleting it then drops them.
+func (f *File) OrphanLedgers(context.Context) (map[string][]connect.Resource, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string][]connect.Resource{}
+	for name, e := range f.conns {
+		if e.rec == nil && e.intent == nil && len(e.ledger) > 0 {
+			out[name] = slices.Clone(e.ledger)
+		}
+	}
+	return out, nil
 }

@@ -204,6 +204,9 @@ func TestLedgerDurableOnReturn(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	f := openT(t, dir)
+	if err := f.PutConnector(ctx, ConnectorRecord{Name: "c"}); err != nil {
+		t.Fatal(err)
+	}
 	l := f.Ledger("c")
 	a := connect.Resource{Kind: "q", Name: "a", Location: "/"}
 	b := connect.Resource{Kind: "q", Name: "b", Location: "/"}

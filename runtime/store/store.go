@@ -76,11 +76,19 @@ type Offsets interface {
 // Ledgers gives each connector a durable connect.Ledger.
 type Ledgers interface {
 	// Ledger returns the connector's ledger; Own and Release are durable on
-	// return.
+	// return. Own fails for a connector without a config record (deleted):
+	// a late Own must not recreate a forgotten connector's state.
 	Ledger(connector string) connect.Ledger
 	// DeleteLedger forgets a connector's ledger (after its resources were
 	// dropped).
 	DeleteLedger(ctx context.Context, connector string) error
+}
+
+// OrphanLister is implemented by stores that can list orphan ledgers:
+// a ledger with owned resources whose connector has neither a config record
+// nor a deletion intent. The herder reports them at start-up.
+type OrphanLister interface {
+	OrphanLedgers(ctx context.Context) (map[string][]connect.Resource, error)
 }
 
 // Topics records the topics each connector used.
