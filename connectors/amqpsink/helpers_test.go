@@ -166,6 +166,46 @@ func (b *broker) drain(queue string, want int) []amqp.Delivery {
 	return out
 }
 
+// awaitBodies consumes from queue until bodies v<from>..v<to-1> were all seen
+// (duplicates, which at-least-once allows, are ignored).
+func (b *broker) awaitBodies(queue string, from, to int) {
+	b.t.Helper()
+	want := map[string]bool{}
+	for i := from; i < to; i++ {
+		want[fmt.Sprintf("v%d", i)] = true
+	}
+	err := b.on(func(ch *amqp.Channel) error {
+		ds, err := ch.Consume(queue, "", true, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		timeout := time.NewTimer(60 * time.Second)
+		defer timeout.Stop()
+		for len(want) > 0 {
+			select {
+			case d, ok := <-ds:
+				if !ok {
+					return errors.New("consumer closed")
+				}
+				delete(want, string(d.Body))
+			case <-timeout.C:
+				return fmt.Errorf("%d bodies never arrived", len(want))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.t.Fatalf("waiting for messages in %q: %v", queue, err)
+	}
+}
+
+func (b *broker) purge(queue string) {
+	b.t.Helper()
+	if err := b.on(func(ch *amqp.Channel) error { _, err := ch.QueuePurge(queue, false); return err }); err != nil {
+		b.t.Fatalf("purging %q: %v", queue, err)
+	}
+}
+
 func rabbitmqctl(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("rabbitmqctl")

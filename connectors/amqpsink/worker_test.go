@@ -180,6 +180,49 @@ func TestThroughWorker(t *testing.T) {
 			}) {
 				t.Errorf("committed offsets %v / %v, want sums %d / %d", e.committed(name, ta), e.committed(name, tb), wantA, wantB)
 			}
+			more := func(from, n int) {
+				var rs []*kgo.Record
+				for i := from; i < from+n; i++ {
+					rs = append(rs, &kgo.Record{Topic: ta, Partition: 0, Value: []byte(fmt.Sprintf("v%d", i))})
+				}
+				e.produce(rs...)
+			}
+			qa := name + "." + ta
+			// Pause and resume: nothing is dropped, records produced while
+			// paused arrive after resuming.
+			e.w.SetTargetState(name, worker.TargetPaused)
+			if !eventually(30*time.Second, func() bool { st, _ := e.w.TaskStatus(ids[0]); return st.State == worker.StatePaused }) {
+				t.Fatal("task did not pause")
+			}
+			more(n, 10)
+			if !b.queueExists(qa) || !b.exchangeExists(name) {
+				t.Fatal("pausing dropped the queue or the exchange")
+			}
+			e.w.SetTargetState(name, worker.TargetRunning)
+			b.awaitBodies(qa, n, n+10)
+			// STOPPED (or a restart): tasks and connector stop without
+			// deletion; the queue keeps its messages.
+			b.purge(qa) // redeliveries after the pause (at least once) are not the point here
+			more(n+10, 10)
+			if !eventually(30*time.Second, func() bool { return b.messages(qa) >= 10 }) {
+				t.Fatalf("queue has %d messages, want at least 10", b.messages(qa))
+			}
+			for id, err := range e.w.StopTasks(ctxT(t), ids, false) {
+				if err != nil {
+					t.Errorf("stopping %v: %v", id, err)
+				}
+			}
+			if err := e.w.StopConnector(ctxT(t), name, false); err != nil {
+				t.Fatal(err)
+			}
+			before := b.messages(qa)
+			if !b.queueExists(qa) || !b.exchangeExists(name) || before < 10 {
+				t.Fatalf("after a plain stop: queue exists %v, exchange exists %v, messages %d (want true, true, >= 10)", b.queueExists(qa), b.exchangeExists(name), before)
+			}
+			ids = e.start(cfg)
+			more(n+20, 5)
+			b.awaitBodies(qa, n+10, n+25) // the kept ones and the new ones
+
 			e.delete(name, ids)
 			if b.queueExists(name+"."+ta) || b.exchangeExists(name) {
 				t.Error("deletion through the worker left the queue or exchange")
