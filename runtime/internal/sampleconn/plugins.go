@@ -36,6 +36,7 @@ const (
 	KeyFailStopped = "sample.fail.stopped" // Stopped returns an error (resources kept)
 	KeyFlushUpTo   = "sample.flush.upto"   // sink: Flush reports offsets below this one only; -1 = all
 	KeyErrant      = "sample.errant.value" // sink: records with this value go to Host.Errors.Report
+	KeyBlockFlush  = "sample.block.flush"  // sink: Flush after Stop blocks until the test releases it (ignores ctx)
 	KeyTaskID      = "sample.task.id"      // set by TaskConfigs
 	KeyPassword    = "sample.password"     // a secret, for masking tests
 	KeyURL         = "sample.url"          // a URL that may hold credentials
@@ -108,6 +109,7 @@ func SourceConfigDef() connect.ConfigDef {
 func SinkConfigDef() connect.ConfigDef {
 	return append(connect.ConfigDef{
 		{Name: KeyFlushUpTo, Type: connect.TypeLong, Default: "-1", Doc: "Flush reports offsets only below this one (per partition); -1 for everything put.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
+		{Name: KeyBlockFlush, Type: connect.TypeBoolean, Default: "false", Doc: "A Flush after Stop blocks, ignoring its context, until the test releases it (a slow final flush).", Importance: connect.ImportanceLow},
 		{Name: KeyErrant, Type: connect.TypeString, Doc: "Records with exactly this value are reported as errant (Host.Errors) instead of stored.", Importance: connect.ImportanceLow},
 	}, commonDef()...)
 }
@@ -171,9 +173,10 @@ type lifecycle struct {
 	host     *connect.Host
 	knobs    knobs
 
-	mu      sync.Mutex
-	deleted bool
-	prefix  []string // name prefixes of the fake resources Stopped drops
+	mu         sync.Mutex
+	deleted    bool
+	stopCalled bool     // Stop was called
+	prefix     []string // name prefixes of the fake resources Stopped drops
 }
 
 func (l *lifecycle) start(ctx context.Context, instance string, def connect.ConfigDef, cfg connect.Config, prefix string, drop ...string) error {
@@ -230,6 +233,7 @@ func (l *lifecycle) stop(deleted bool) {
 	if deleted {
 		l.deleted = true
 	}
+	l.stopCalled = true
 	inst := l.instance
 	l.mu.Unlock()
 	l.rec.record(inst, fmt.Sprintf("Stop(%t)", deleted), nil)

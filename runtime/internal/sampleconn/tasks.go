@@ -164,9 +164,10 @@ func (t *SourceTask) Stopped(ctx context.Context) error { return t.stopped(ctx) 
 // the next offset after the records it has (limited by sample.flush.upto).
 type SinkTask struct {
 	baseTask
-	errant []byte
-	upTo   int64
-	have   map[connect.TopicPartition]int64
+	errant     []byte
+	upTo       int64
+	have       map[connect.TopicPartition]int64
+	blockFlush bool
 }
 
 func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
@@ -177,6 +178,7 @@ func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
 	cfg = def.WithDefaults(cfg)
 	u, _ := cfg.Int(KeyFlushUpTo, -1)
 	t.upTo = int64(u)
+	t.blockFlush, _ = cfg.Bool(KeyBlockFlush, false)
 	if v, ok := cfg[KeyErrant]; ok && v != "" {
 		t.errant = []byte(v)
 	}
@@ -220,6 +222,13 @@ func (t *SinkTask) Put(ctx context.Context, records []connect.SinkRecord) error 
 }
 
 func (t *SinkTask) Flush(context.Context) (map[connect.TopicPartition]int64, error) {
+	t.mu.Lock()
+	stopped := t.stopCalled
+	t.mu.Unlock()
+	if t.blockFlush && stopped {
+		t.rec.record(t.instance, "Flush blocking", nil)
+		<-t.rec.releaseCh()
+	}
 	out := make(map[connect.TopicPartition]int64, len(t.have))
 	for tp, next := range t.have {
 		if t.upTo >= 0 && next > t.upTo {

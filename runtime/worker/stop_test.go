@@ -1,0 +1,285 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+)
+
+// topicRecords reads every record the topic holds (up to its end offsets).
+func topicRecords(t *testing.T, brokers []string, topic string) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	cl.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	ends.Each(func(o kadm.ListedOffset) { total += int(o.Offset) })
+	if total == 0 {
+		return nil
+	}
+	return consume(t, brokers, topic, total)
+}
+
+// Every record Kafka holds after a stop mid-stream reached Commit before
+// Stopped: a consume-and-delete source (pgaudit) otherwise sends it again.
+func TestSourceStopCommitsEverythingKafkaHolds(t *testing.T) {
+	tests := []struct {
+		name    string
+		deleted bool
+		extra   []string
+	}{
+		{"plain stop", false, nil},
+		{"deletion", true, nil},
+		{"three partitions, small batches", false, []string{sampleconn.KeyPartitions, "3", sampleconn.KeyBatch, "3", KeyTopicCreationPartition, "3"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name, topic := testenv.Unique("srcstop-"), testenv.Unique("srcstop-topic-")
+			cfg := sourceConfig(name, topic, append([]string{sampleconn.KeyCount, "-1", sampleconn.KeyRate, "3000"}, tc.extra...)...)
+			id, err := e.startTask(cfg, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.await("200 committed records", func() bool { return len(e.rec.Committed(name)) >= 200 })
+			if err := e.w.StopTasks(e.ctx(), []TaskID{id}, tc.deleted)[id]; err != nil {
+				t.Fatal(err)
+			}
+			inst := sampleconn.TaskInstance(name, 0)
+			e.checkStoppedLast(inst) // so every Commit came before Stopped
+			committed := map[string]bool{}
+			for _, r := range e.rec.Committed(name) {
+				committed[string(r.Key)] = true
+			}
+			var missing []string
+			for _, r := range topicRecords(t, e.brokers, topic) {
+				if !committed[string(r.Key)] {
+					missing = append(missing, string(r.Key))
+				}
+			}
+			if len(missing) > 0 {
+				t.Errorf("%d records are in Kafka but never reached Commit before Stopped (first: %v)", len(missing), missing[:min(5, len(missing))])
+			}
+		})
+	}
+}
+
+// commitRecorder is a SourceTask whose only used method is Commit.
+type commitRecorder struct {
+	connect.SourceTask
+	got [][]connect.SourceRecord
+}
+
+func (c *commitRecorder) Commit(_ context.Context, acked []connect.SourceRecord) error {
+	c.got = append(c.got, acked)
+	return nil
+}
+
+// The final commit passes every acknowledged record to Commit, also those
+// behind one that failed (records on other Kafka partitions are acked
+// independently); while the loop runs only the acknowledged prefix is
+// committed, in Poll order.
+func TestCommitAckedFinalCommitsPastAFailure(t *testing.T) {
+	rec := func(i int) connect.SourceRecord {
+		return connect.SourceRecord{Key: []byte(fmt.Sprint(i)), SourcePartition: map[string]any{"p": "0"}, SourceOffset: map[string]any{"position": i}}
+	}
+	failed := errors.New("broker said no")
+	tests := []struct {
+		name  string
+		final bool
+		state []error // per record: nil acked, failed, or errPendingMark (not yet acked)
+		want  []string
+		pos   int // stored offset position
+	}{
+		{"prefix while running", false, []error{nil, nil, failed, nil, errPendingMark}, []string{"0", "1"}, 1},
+		{"final: past the failure", true, []error{nil, nil, failed, nil, errPendingMark, nil}, []string{"0", "1", "3", "5"}, 1},
+		{"final: all acked", true, []error{nil, nil, nil}, []string{"0", "1", "2"}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			task := &commitRecorder{}
+			ti := &taskInstance{base: context.Background(), log: slog.New(slog.DiscardHandler)}
+			s := &sourceLoop{t: ti, task: task, acked: make(chan struct{}, 1), byPart: map[string][]*pending{},
+				offsets: map[string]SourceOffset{}, dirty: map[string]bool{}}
+			for i, st := range tc.state {
+				p := &pending{rec: rec(i), pkey: "k"}
+				if st != errPendingMark {
+					p.done, p.err = true, st
+				}
+				s.queue = append(s.queue, p)
+				s.byPart["k"] = append(s.byPart["k"], p)
+			}
+			s.acked <- struct{}{}
+			_ = s.commitAcked(tc.final)
+			var got []string
+			for _, batch := range task.got {
+				for _, r := range batch {
+					got = append(got, string(r.Key))
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("committed %v, want %v", got, tc.want)
+			}
+			// Offsets only cover the acknowledged prefix of the partition.
+			if off := s.offsets["k"]; off.Offset["position"] != tc.pos {
+				t.Errorf("stored offset %v, want position %d", off.Offset, tc.pos)
+			}
+			if tc.final {
+				n := len(task.got)
+				_ = s.commitAcked(true)
+				if len(task.got) != n {
+					t.Errorf("a second final commit committed again: %v", task.got[n:])
+				}
+			}
+		})
+	}
+}
+
+var errPendingMark = errors.New("not yet acknowledged")
+
+// The graceful timeout bounds the final flush and commit too: a sink whose
+// final Flush hangs is reported abandoned at the timeout, and Stopped still
+// runs exactly once, after the Flush returns.
+func TestFinalFlushBoundedByGracefulTimeout(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("slowflush-"), testenv.Unique("slowflush-topic-")
+	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+	cfg := sinkConfig(name, topic, sampleconn.KeyBlockFlush, "true", KeyGracefulTimeout, "300")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.await("5 records put", func() bool { return len(e.rec.Sunk(name)) >= 5 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = e.w.StopTasks(ctx, []TaskID{id}, false)[id]
+	if !errors.Is(err, errAbandoned) {
+		t.Fatalf("StopTasks with a hanging final Flush = %v, want abandoned after the 300 ms graceful timeout", err)
+	}
+	if ctx.Err() != nil {
+		t.Errorf("StopTasks returned only when the caller's context ended")
+	}
+	if n := e.rec.Count(inst + " Stopped"); n != 0 {
+		t.Fatalf("Stopped ran while the final Flush was still blocked")
+	}
+	if st, ok := e.w.TaskStatus(id); !ok || !st.Abandoned {
+		t.Errorf("TaskStatus = %+v, %v; want Abandoned", st, ok)
+	}
+	e.rec.ReleaseBlocked()
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+}
+
+// A stop or deletion of a task whose Stopped already ran: a plain stop just
+// forgets it; a deletion is told the instance had stopped without deletion.
+func TestStopTasksAlreadyStopped(t *testing.T) {
+	tests := []struct {
+		name    string
+		deleted bool
+		want    error
+	}{
+		{"plain stop of a failed task", false, nil},
+		{"deletion of a failed task", true, ErrAlreadyStopped},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name := testenv.Unique("failed-")
+			id, err := e.startTask(sourceConfig(name, testenv.Unique("failed-topic-"), sampleconn.KeyFailAfter, "0"), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inst := sampleconn.TaskInstance(name, 0)
+			e.awaitTaskState(id, StateFailed)
+			e.awaitCall(inst+" Stopped", 1)
+			err = e.w.StopTasks(e.ctx(), []TaskID{id}, tc.deleted)[id]
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+				t.Errorf("StopTasks = %v, want %v", err, tc.want)
+			}
+			if _, ok := e.w.TaskStatus(id); ok {
+				t.Errorf("the task is still listed")
+			}
+			e.checkStoppedLast(inst)
+		})
+	}
+}
+
+// StopConnector(deleted=true) on a connector whose Stopped already ran
+// without deletion says so, so the herder completes the deletion.
+func TestStopConnectorDeletionAfterPlainStopped(t *testing.T) {
+	tests := []struct {
+		name    string
+		deleted bool
+		want    error
+	}{
+		{"plain stop after a failed start", false, nil},
+		{"deletion after a failed start", true, ErrAlreadyStopped},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			name := testenv.Unique("cfail-")
+			cfg := sourceConfig(name, "t", sampleconn.KeyFailStart, "true")
+			if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err == nil {
+				t.Fatal("StartConnector succeeded; want Start to fail")
+			}
+			err := e.w.StopConnector(e.ctx(), name, tc.deleted)
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+				t.Errorf("StopConnector = %v, want %v", err, tc.want)
+			}
+			e.checkStoppedLast(sampleconn.ConnectorInstance(name))
+		})
+	}
+}
+
+// An abandoned instance replaced by a fresh one under the same id does not
+// report over its successor (e.g. a FAILED when its blocked call returns).
+func TestReplacedInstanceDoesNotReport(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("stale-"), testenv.Unique("stale-topic-")
+	produce(t, e.brokers, topic, 3, func(i int) string { return fmt.Sprint(i) })
+	cfg := sinkConfig(name, topic, sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx, KeyGracefulTimeout, "200")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.awaitCall(sampleconn.TaskInstance(name, 0)+" Put blocking", 1)
+	e.w.mu.Lock()
+	old := e.w.tasks[id]
+	e.w.mu.Unlock()
+	if err := e.w.StopTasks(e.ctx(), []TaskID{id}, false)[id]; !errors.Is(err, errAbandoned) {
+		t.Fatalf("StopTasks = %v, want abandoned", err)
+	}
+	fresh := sinkConfig(name, topic) // the fresh instance does not block
+	if _, err := e.startTask(fresh, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.awaitTaskState(id, StateRunning)
+	old.setStatus(Status{State: StateFailed, Trace: "late failure of the abandoned instance"})
+	if s, _ := e.lastEvent(name, 0); s.State != StateRunning {
+		t.Errorf("last reported status %+v: the replaced instance overwrote its successor's", s)
+	}
+	if s, _ := e.w.TaskStatus(id); s.State != StateRunning {
+		t.Errorf("TaskStatus %+v, want the fresh instance's RUNNING", s)
+	}
+}
