@@ -166,6 +166,42 @@ func (b *broker) drain(queue string, want int) []amqp.Delivery {
 	return out
 }
 
+// drainDistinct consumes from queue until want distinct message-ids were
+// seen and returns the first delivery of each (at least once allows
+// duplicates, e.g. after a consumer-group rebalance).
+func (b *broker) drainDistinct(queue string, want int) []amqp.Delivery {
+	b.t.Helper()
+	seen := map[string]bool{}
+	var out []amqp.Delivery
+	err := b.on(func(ch *amqp.Channel) error {
+		ds, err := ch.Consume(queue, "", true, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		timeout := time.NewTimer(60 * time.Second)
+		defer timeout.Stop()
+		for len(out) < want {
+			select {
+			case d, ok := <-ds:
+				if !ok {
+					return errors.New("consumer closed")
+				}
+				if !seen[d.MessageId] {
+					seen[d.MessageId] = true
+					out = append(out, d)
+				}
+			case <-timeout.C:
+				return fmt.Errorf("%d of %d distinct messages arrived", len(out), want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.t.Fatalf("draining %q: %v", queue, err)
+	}
+	return out
+}
+
 // awaitBodies consumes from queue until bodies v<from>..v<to-1> were all seen
 // (duplicates, which at-least-once allows, are ignored).
 func (b *broker) awaitBodies(queue string, from, to int) {

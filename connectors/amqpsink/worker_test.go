@@ -158,13 +158,13 @@ func TestThroughWorker(t *testing.T) {
 			ids := e.start(cfg)
 			wantA, wantB := n*3/4, n/4
 			got := map[string]bool{}
-			for _, d := range b.drain(name+"."+ta, wantA) {
+			for _, d := range b.drainDistinct(name+"."+ta, wantA) {
 				if d.Headers[HeaderTopic] != ta || string(asBytes(d.Headers["h"])) != string(d.Body[1:]) {
 					t.Errorf("message %s: topic header %v, record header %q", d.Body, d.Headers[HeaderTopic], asBytes(d.Headers["h"]))
 				}
 				got[string(d.Body)] = true
 			}
-			for _, d := range b.drain(name+"."+tb, wantB) {
+			for _, d := range b.drainDistinct(name+"."+tb, wantB) {
 				if d.Headers[HeaderTopic] != tb {
 					t.Errorf("message %s in queue of %s has topic header %v", d.Body, tb, d.Headers[HeaderTopic])
 				}
