@@ -642,3 +642,55 @@ func TestStopInterruptsWaitForConfirms(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCleanupFailureKeepsLedgerForRetry: when the broker (here: the vhost)
+// is unreachable at deletion, Stopped fails naming what remains and keeps the
+// ledger; a later cleanup-only instance finishes, counting objects that are
+// already gone as deleted.
+func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	rabbitmqctl(t)
+	vhost := testenv.Unique("tc-vh-")
+	addVhost := func() {
+		ctl(t, "add_vhost", vhost)
+		ctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+	}
+	addVhost()
+	t.Cleanup(func() { _, _ = exec.Command(rabbitmqctl(t), "delete_vhost", vhost).CombinedOutput() })
+	vurl := strings.TrimSuffix(u, "/") + "/" + vhost
+	cfg := baseConfig(t, vurl, "gone")
+	ledger := connect.NewMemoryLedger()
+	s := startSink(t, cfg, ledger, &reporter{})
+	owned, _ := ledger.List(ctxT(t))
+	s.task.Stop(true)
+	_ = s.task.Stopped(ctxT(t))
+	ctl(t, "delete_vhost", vhost)
+	s.conn.Stop(true)
+	err := s.conn.Stopped(connect.WithHost(ctxT(t), testHost(s.name, -1, ledger, nil)))
+	if err == nil {
+		t.Fatal("Stopped reported a successful cleanup while the vhost was gone")
+	}
+	for _, r := range owned {
+		if !strings.Contains(err.Error(), r.Name) {
+			t.Errorf("cleanup error does not name remaining %v: %v", r, err)
+		}
+	}
+	if left, _ := ledger.List(ctxT(t)); len(left) != len(owned) {
+		t.Errorf("a failed cleanup changed the ledger: %v, was %v", left, owned)
+	}
+	addVhost() // the broker is back (empty: the objects are already gone)
+	c := &Connector{}
+	h := testHost(s.name, -1, ledger, nil)
+	h.CleanupOnly = true
+	ctx := connect.WithHost(ctxT(t), h)
+	if err := c.Start(ctx, cfg); err != nil {
+		t.Fatalf("cleanup-only Start: %v", err)
+	}
+	c.Stop(true)
+	if err := c.Stopped(ctx); err != nil {
+		t.Fatalf("retried cleanup: %v", err)
+	}
+	if left, _ := ledger.List(ctxT(t)); len(left) != 0 {
+		t.Errorf("retried cleanup left %v in the ledger", left)
+	}
+}

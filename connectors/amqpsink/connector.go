@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -159,7 +160,11 @@ func (c *Connector) Stopped(ctx context.Context) error {
 	}
 	if conn == nil || conn.IsClosed() {
 		if conn, err = dial(ctx, s, ConnectionName(s.connector, -1)); err != nil {
-			return fmt.Errorf("deleting the owned RabbitMQ resources: %w", err)
+			names := make([]string, len(rs))
+			for i, r := range rs {
+				names[i] = r.String()
+			}
+			return fmt.Errorf("cannot delete the %d owned RabbitMQ resource(s) %s; deleting the connector again retries: %w", len(rs), strings.Join(names, "; "), err)
 		}
 	}
 	tp := &topology{s: s, conn: conn, ledger: h.Ledger, log: h.Logger}
