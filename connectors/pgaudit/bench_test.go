@@ -135,8 +135,42 @@ END $$`)
 		report(b, tp, tc)
 	})
 
-	b.Run("single_row_tx_4_clients", func(b *testing.B) {
+	// "consumed": the task drains the audit table meanwhile (Poll, Commit;
+	// no Kafka), so writers that commit while it waits also pay for the
+	// NOTIFY, and the database serves the task's reads and deletes.
+	for _, consumed := range []bool{false, true} {
+		name := "single_row_tx_4_clients"
+		if consumed {
+			name += "_consumed"
+		}
+		b.Run(name, func(b *testing.B) { singleRowOverhead(b, db, url, consumed) })
+	}
+}
+
+func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, consumed bool) {
+	{
 		plain, captured, r := benchTables(b, db, url)
+		if consumed {
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				task := r.tasks[0]
+				for ctx.Err() == nil {
+					recs, err := task.Poll(ctx)
+					if err != nil {
+						if ctx.Err() == nil {
+							b.Error(err)
+						}
+						return
+					}
+					if err := task.Commit(ctx, recs); err != nil && ctx.Err() == nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			defer func() { cancel(); wg.Wait() }()
+		}
 		const clients, perClient = 4, 1000
 		run := func(table string, round int) time.Duration {
 			var wg sync.WaitGroup
@@ -175,7 +209,7 @@ END $$`)
 		}
 		b.ReportMetric(float64(2*clients*perClient*b.N)/tc.Seconds(), "captured-tx/s")
 		report(b, tp, tc)
-	})
+	}
 }
 
 func report(b *testing.B, plain, captured time.Duration) {

@@ -18,6 +18,13 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
+// A task that just drained the audit table reads spinReads more times,
+// spinWait apart, before it asks writers for NOTIFYs.
+const (
+	spinReads = 3
+	spinWait  = 5 * time.Millisecond
+)
+
 // maxInflightBatches bounds how many polled, not yet committed batches a
 // task keeps excluded from its reads; beyond that Poll waits for Commit.
 const maxInflightBatches = 4
@@ -53,8 +60,9 @@ type Task struct {
 	// waiting mirrors this task's row in the wakeup table: while it is
 	// true the capture trigger sends NOTIFYs. idleStep is the next wait
 	// without a notification, doubling up to poll.interval.ms.
-	waiting  bool
-	idleStep time.Duration
+	waiting    bool
+	idleStep   time.Duration
+	emptyReads int // reads that found nothing since the last change
 
 	inflight      map[int64]struct{} // polled, neither deleted nor pending
 	pendingDelete []int64            // acknowledged, DELETE not yet done
@@ -241,6 +249,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			t.backoff = 0
 			if len(recs) > 0 {
 				t.idleStep = 0
+				t.emptyReads = 0
 				if t.waiting {
 					// Busy again: writers need not notify. A failure only
 					// costs writers some needless NOTIFYs.
@@ -253,6 +262,17 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		if !time.Now().Before(deadline) {
 			return nil, nil
+		}
+		if !t.waiting && t.emptyReads < spinReads {
+			// Just drained: under a steady stream the next change is a few
+			// milliseconds away. Reading again shortly, rather than asking
+			// writers for NOTIFYs at once, spares them the NOTIFY's
+			// database-wide commit lock and the mark's two updates.
+			t.emptyReads++
+			if err := sleepCtx(ctx, spinWait); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if !t.waiting {
 			// Ask for NOTIFYs, then read once more: a change committed
@@ -428,7 +448,13 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		delete(t.inflight, id)
 	}
 	if _, err := t.deleteIDs(ctx, ids); err != nil {
-		if !transient(err) && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			// Stopping: the next instance's reads skip nothing, and these
+			// rows are delivered again (at-least-once).
+			t.pendingDelete = append(t.pendingDelete, ids...)
+			return nil
+		}
+		if !transient(err) {
 			t.pendingDelete = append(t.pendingDelete, ids...)
 			return fmt.Errorf("deleting %d delivered rows from the audit table %s.%s: %w", len(ids), t.s.auditSchema, t.n.table, err)
 		}
