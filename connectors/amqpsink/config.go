@@ -261,8 +261,8 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 	}
 	var err error
 	if r := strings.TrimSpace(cfg[KeyTopicsRegex]); r != "" {
-		// Anchored, as Kafka's consumer matches the whole topic name.
-		if s.topicsRegex, err = regexp.Compile("^(?:" + r + ")$"); err != nil {
+		// The worker subscribes with it; here it is only checked.
+		if s.topicsRegex, err = regexp.Compile(r); err != nil {
 			return nil, fmt.Errorf("%s: %w", KeyTopicsRegex, err)
 		}
 	}
@@ -313,18 +313,6 @@ func (s *settings) bindingKey(topic string) string {
 	rk := strings.ReplaceAll(s.routingTmpl, placeholderTopic, topic)
 	rk = strings.ReplaceAll(rk, placeholderPartition, "*")
 	return strings.ReplaceAll(rk, placeholderKey, "#")
-}
-
-func (s *settings) wantsTopic(topic string) bool {
-	if s.topicsRegex != nil {
-		return s.topicsRegex.MatchString(topic)
-	}
-	for _, t := range s.topics {
-		if t == topic {
-			return true
-		}
-	}
-	return false
 }
 
 func sortedKeys[V any](m map[string]V) []string {
