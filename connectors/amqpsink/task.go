@@ -500,7 +500,19 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 			return t.interrupted(ctx, err)
 		}
 		if !t.known[r.Topic] {
-			if err := t.ensureTopic(ctx, r.Topic); err != nil {
+			err := t.ensureTopic(ctx, r.Topic)
+			if err != nil && t.topo.conn.IsClosed() {
+				// The connection went away under the declare: reconnect
+				// (which republishes) and try once more.
+				if err := t.reconnect(ctx); err != nil {
+					return t.interrupted(ctx, err)
+				}
+				if sess = t.live(); sess == nil {
+					return fmt.Errorf("provisioning the queue for topic %q: the new RabbitMQ connection closed at once", r.Topic)
+				}
+				err = t.ensureTopic(ctx, r.Topic)
+			}
+			if err != nil {
 				return fmt.Errorf("provisioning the queue for topic %q: %w", r.Topic, err)
 			}
 		}
