@@ -1,0 +1,395 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// blockingSource is a sample source with one task whose Poll blocks,
+// ignoring its context, until rec.ReleaseBlocked; grace is the task's
+// graceful timeout in ms.
+func blockingSource(topic, grace string) connect.Config {
+	return sourceConfig(topic, 1,
+		sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx,
+		worker.KeyGracefulTimeout, grace)
+}
+
+// callIndex is the index of the first call of instance with method at or
+// after from, or -1.
+func callIndex(rec *sampleconn.Recorder, instance, method string) int {
+	for i, c := range rec.Calls() {
+		if c.Instance == instance && c.Method == method {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestDeleteWaitsForAbandonedTask (P2): a task still blocked in Poll past
+// the graceful timeout makes the deletion attempt fail visibly; the
+// connector gets no Stop(true) and its shared resources stay until the task
+// has returned; a restart of the task in between does not start a second
+// instance beside the stuck one; the next DELETE completes the deletion.
+func TestDeleteWaitsForAbandonedTask(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	t.Cleanup(rec.ReleaseBlocked) // never leave a goroutine blocked
+	ctx := testCtx(t)
+	name := testenv.Unique("stuck-")
+	task, connInst := sampleconn.TaskInstance(name, 0), sampleconn.ConnectorInstance(name)
+	if _, err := hs.h.CreateConnector(ctx, name, blockingSource(testenv.Unique("t-"), "200"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.AwaitCall(ctx, task+" Poll blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart stops the task (it is abandoned) and must not start a
+	// second instance while the first is still blocked.
+	if err := hs.h.RestartTask(ctx, worker.TaskID{Connector: name, Task: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.Count(task + " Start"); n != 1 {
+		t.Errorf("task Start calls after restarting an abandoned task = %d, want 1 (no second instance beside the stuck one)", n)
+	}
+
+	err := hs.h.DeleteConnector(ctx, name)
+	var de *DeletionError
+	if !errors.As(err, &de) || !strings.Contains(err.Error(), "task 0") || !strings.Contains(err.Error(), "abandoned") {
+		t.Fatalf("DELETE with a task stuck in Poll: %v, want a *DeletionError naming task 0 as abandoned", err)
+	}
+	if got := stopCalls(rec, connInst); slices.Contains(got, "Stop(true)") {
+		t.Errorf("connector got %v while its task was still running: shared resources may be dropped under it", got)
+	}
+	if len(rec.Resources()) != 2 {
+		t.Errorf("resources after the failed attempt = %v, want the connector's and the task's", rec.Resources())
+	}
+	st, err := hs.h.ConnectorStatus(ctx, name)
+	if err != nil || st.Deletion == nil || st.Deletion.Phase != store.PhaseCleanupFailed ||
+		st.Connector.State != worker.StateFailed || !strings.Contains(st.Connector.Trace, "task 0") {
+		t.Fatalf("status after the failed attempt = %+v (%v), want FAILED, cleanup-failed, trace naming task 0", st, err)
+	}
+
+	// The blocked Poll returns; the task's Stopped runs (it had Stop(true)).
+	rec.ReleaseBlocked()
+	if err := rec.AwaitCall(ctx, task+" Stopped", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.h.DeleteConnector(ctx, name); err != nil {
+		t.Fatalf("DELETE after the task returned: %v", err)
+	}
+	if res := rec.Resources(); len(res) != 0 {
+		t.Errorf("resources after the deletion: %v", res)
+	}
+	ti, ci := callIndex(rec, task, "Stopped"), callIndex(rec, connInst, "Stop(true)")
+	if ti < 0 || ci < 0 || ci < ti {
+		t.Errorf("connector Stop(true) at %d, task Stopped at %d: the connector must stop after its task (calls %v)", ci, ti, rec.Calls())
+	}
+	if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after the deletion: %v, want ErrNotFound", err)
+	}
+}
+
+// TestCloseDuringDeletionWithStuckTask (P2): Close while a deletion waits
+// for a stuck task never turns into Stop(true) on the connector; the
+// deletion stays recorded and the next start completes it.
+func TestCloseDuringDeletionWithStuckTask(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	dir := t.TempDir()
+	hs := newHarness(t, kindReal, dir, rec, nil)
+	t.Cleanup(rec.ReleaseBlocked)
+	ctx := testCtx(t)
+	name := testenv.Unique("closing-")
+	task, connInst := sampleconn.TaskInstance(name, 0), sampleconn.ConnectorInstance(name)
+	// A long graceful timeout: the deletion is still waiting when Close comes.
+	if _, err := hs.h.CreateConnector(ctx, name, blockingSource(testenv.Unique("t-"), "5000"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.AwaitCall(ctx, task+" Poll blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	deleted := make(chan error, 1)
+	go func() { deleted <- hs.h.DeleteConnector(dctx, name) }()
+	if err := rec.AwaitCall(ctx, task+" Stop(true)", 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // the request gives up; the deletion goes on in the herder
+	<-deleted
+	// Release the task once shutdown has stopped the connector (plainly),
+	// so the worker's Close can finish.
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		_ = rec.AwaitCall(ctx, connInst+" Stopped", 1)
+		rec.ReleaseBlocked()
+	}()
+	hs.closeFn()
+	<-released
+	if got := stopCalls(rec, connInst); !slices.Equal(got, []string{"Stop(false)"}) {
+		t.Errorf("connector Stop calls at shutdown during a deletion with a stuck task = %v, want [Stop(false)]", got)
+	}
+	if len(rec.Resources()) == 0 {
+		t.Fatalf("resources dropped at shutdown")
+	}
+
+	hs.start() // completes the recorded deletion
+	if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+		st, _ := hs.h.ConnectorStatus(ctx, name)
+		t.Fatalf("after restart: %v (%+v), want the deletion completed", err, st)
+	}
+	if res := rec.Resources(); len(res) != 0 {
+		t.Errorf("resources after the resumed deletion: %v", res)
+	}
+}
+
+// TestPutConfigDuringFailedDeletion (P3): after a failed deletion the
+// operator can fix the config with PUT or PATCH (validated as usual); the
+// connector stays in deletion and the next DELETE uses the new config.
+func TestPutConfigDuringFailedDeletion(t *testing.T) {
+	tests := []struct {
+		name string
+		fix  func(h *Standalone, ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, error)
+		bad  func(h *Standalone, ctx context.Context, name string, cfg connect.Config) error
+	}{
+		{
+			name: "put",
+			fix: func(h *Standalone, ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, error) {
+				cfg = cfg.Clone()
+				cfg[sampleconn.KeyFailStopped] = "false"
+				info, created, err := h.PutConnectorConfig(ctx, name, cfg)
+				if created {
+					return info, errors.New("PUT reported created for an existing connector")
+				}
+				return info, err
+			},
+			bad: func(h *Standalone, ctx context.Context, name string, cfg connect.Config) error {
+				cfg = cfg.Clone()
+				cfg[KeyTasksMax] = "zero"
+				_, _, err := h.PutConnectorConfig(ctx, name, cfg)
+				return err
+			},
+		},
+		{
+			name: "patch",
+			fix: func(h *Standalone, ctx context.Context, name string, _ connect.Config) (ConnectorInfo, error) {
+				v := "false"
+				return h.PatchConnectorConfig(ctx, name, map[string]*string{sampleconn.KeyFailStopped: &v})
+			},
+			bad: func(h *Standalone, ctx context.Context, name string, _ connect.Config) error {
+				v := "zero"
+				_, err := h.PatchConnectorConfig(ctx, name, map[string]*string{KeyTasksMax: &v})
+				return err
+			},
+		},
+	}
+	for _, kind := range workerKinds {
+		for _, tt := range tests {
+			t.Run(kind+"/"+tt.name, func(t *testing.T) {
+				rec := sampleconn.NewRecorder()
+				hs := newHarness(t, kind, t.TempDir(), rec, nil)
+				ctx := testCtx(t)
+				name := testenv.Unique("fixme-")
+				// A cleanup that fails because of the config (a stale URL, say).
+				cfg := sourceConfig(testenv.Unique("t-"), 1, sampleconn.KeyFailStopped, "true")
+				if _, err := hs.h.CreateConnector(ctx, name, cfg, ""); err != nil {
+					t.Fatal(err)
+				}
+				hs.awaitRunning(name, 1)
+				err := hs.h.DeleteConnector(ctx, name)
+				var de *DeletionError
+				if !errors.As(err, &de) || !strings.Contains(err.Error(), "PUT /connectors/"+name+"/config") {
+					t.Fatalf("first DELETE: %v, want a *DeletionError telling to fix the config with PUT", err)
+				}
+
+				var ce *ConfigError
+				if err := tt.bad(hs.h, ctx, name, cfg); !errors.As(err, &ce) || len(ce.Fields[KeyTasksMax]) == 0 {
+					t.Errorf("invalid config during deletion: %v, want a *ConfigError naming %s", err, KeyTasksMax)
+				}
+				info, err := tt.fix(hs.h, ctx, name, cfg)
+				if err != nil || info.Config[sampleconn.KeyFailStopped] != "false" {
+					t.Fatalf("fixing the config during deletion: %+v %v", info, err)
+				}
+				in, ok, err := hs.st.Intent(ctx, name)
+				if err != nil || !ok || in.Config[sampleconn.KeyFailStopped] != "false" {
+					t.Fatalf("intent after the fix = %+v %v %v, want the new config", in, ok, err)
+				}
+				st, err := hs.h.ConnectorStatus(ctx, name)
+				if err != nil || st.Deletion == nil {
+					t.Fatalf("status after the fix = %+v %v: the connector must stay in deletion", st, err)
+				}
+				if err := hs.h.Resume(ctx, name); err == nil {
+					t.Errorf("resume after a config fix during deletion must be refused")
+				}
+
+				// The fix survives a restart (the intent holds it), and the
+				// next attempt uses it.
+				hs.restart()
+				if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+					if err := hs.h.DeleteConnector(ctx, name); err != nil {
+						t.Fatalf("DELETE with the fixed config: %v", err)
+					}
+				}
+				if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+					t.Errorf("after the deletion: %v, want ErrNotFound", err)
+				}
+				if res := rec.Resources(); len(res) != 0 {
+					t.Errorf("resources after the deletion with the fixed config: %v", res)
+				}
+			})
+		}
+	}
+}
+
+// TestDeleteWithEmptyLedgerNeedsNoCleanupInstance (P4): a connector that
+// owns nothing is deleted without starting a cleanup-only instance, so a
+// Start that can never succeed (a decommissioned system) does not block it.
+func TestDeleteWithEmptyLedgerNeedsNoCleanupInstance(t *testing.T) {
+	for _, kind := range workerKinds {
+		t.Run(kind, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			hs := newHarness(t, kind, t.TempDir(), rec, nil)
+			ctx := testCtx(t)
+			name := testenv.Unique("nothing-")
+			cfg := sourceConfig(testenv.Unique("t-"), 1, sampleconn.KeyFailStart, "true", sampleconn.KeyResources, "")
+			if _, err := hs.h.CreateConnector(ctx, name, cfg, ""); err != nil {
+				t.Fatal(err)
+			}
+			if err := hs.h.DeleteConnector(ctx, name); err != nil {
+				t.Fatalf("DELETE of a connector that owns nothing and cannot start: %v", err)
+			}
+			if n := rec.Count(sampleconn.ConnectorInstance(name) + " Start"); n != 1 {
+				t.Errorf("connector Start calls = %d, want 1 (no cleanup-only instance)", n)
+			}
+			if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
+				t.Errorf("after the deletion: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+// TestReadsDuringStuckDeletion (P8): while a deletion is stuck in the
+// connector's Stopped, GET requests on it and operations on other
+// connectors answer without waiting for it.
+func TestReadsDuringStuckDeletion(t *testing.T) {
+	for _, kind := range workerKinds {
+		t.Run(kind, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			hs := newHarness(t, kind, t.TempDir(), rec, nil)
+			ctx := testCtx(t)
+			stuck, other := testenv.Unique("stuck-"), testenv.Unique("other-")
+			cfg := sourceConfig(testenv.Unique("t-"), 1)
+			cfg[KeyConnectorClass] = flakyClass
+			if _, err := hs.h.CreateConnector(ctx, stuck, cfg, ""); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := hs.h.CreateConnector(ctx, other, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+				t.Fatal(err)
+			}
+			hs.awaitRunning(stuck, 1)
+			hs.awaitRunning(other, 1)
+			block := make(chan struct{})
+			blockCleanup.Store(&block)
+			unblock := func() {
+				if blockCleanup.Swap(nil) != nil {
+					close(block)
+				}
+			}
+			t.Cleanup(unblock)
+
+			dctx, cancel := context.WithCancel(ctx)
+			deleted := make(chan error, 1)
+			go func() { deleted <- hs.h.DeleteConnector(dctx, stuck) }()
+			pollUntil(t, "the deletion to reach the connector", func() bool {
+				st, err := hs.h.ConnectorStatus(ctx, stuck)
+				return err == nil && st.Deletion != nil && st.Deletion.Phase == store.PhaseStoppingConnector
+			})
+
+			// Each read gets a deadline: waiting for the deletion's lock
+			// would hit it.
+			reads := []struct {
+				name string
+				call func(context.Context) error
+			}{
+				{"info", func(c context.Context) error { _, err := hs.h.ConnectorInfo(c, stuck); return err }},
+				{"task configs", func(c context.Context) error { _, err := hs.h.TaskConfigs(c, stuck); return err }},
+				{"topics", func(c context.Context) error { _, err := hs.h.Topics(c, stuck); return err }},
+				{"status", func(c context.Context) error { _, err := hs.h.ConnectorStatus(c, stuck); return err }},
+				{"resources", func(c context.Context) error { _, err := hs.h.Resources(c, stuck); return err }},
+				{"other connector's info", func(c context.Context) error { _, err := hs.h.ConnectorInfo(c, other); return err }},
+				{"pause another connector", func(c context.Context) error { return hs.h.Pause(c, other) }},
+			}
+			for _, r := range reads {
+				rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+				if err := r.call(rctx); err != nil {
+					t.Errorf("%s during a stuck deletion: %v", r.name, err)
+				}
+				rcancel()
+			}
+			select {
+			case err := <-deleted:
+				t.Fatalf("the deletion returned while its cleanup was blocked: %v", err)
+			default:
+			}
+			unblock()
+			if err := <-deleted; err != nil {
+				t.Fatalf("deletion after unblocking: %v", err)
+			}
+			cancel()
+		})
+	}
+}
+
+// TestStartupReportsOrphanLedgers: a ledger left without config or intent
+// (by a version that could forget a connector under a running task) is
+// listed at start-up; recreating the connector and deleting it drops what
+// it lists.
+func TestStartupReportsOrphanLedgers(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	dir := t.TempDir()
+	ctx := testCtx(t)
+	name := testenv.Unique("orphan-")
+	st, err := store.OpenFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaked := rec.CreateResource(sampleconn.ConnectorInstance(name) + "/leaked")
+	if err := st.PutConnector(ctx, store.ConnectorRecord{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Ledger(name).Own(ctx, leaked); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteConnector(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	hs := newHarness(t, kindSync, dir, rec, nil)
+	got := hs.h.OrphanLedgers()
+	if len(got) != 1 || !slices.Equal(got[name], []connect.Resource{leaked}) {
+		t.Fatalf("OrphanLedgers at start-up = %v, want %s owning %v", got, name, leaked)
+	}
+	if names, _ := hs.h.Connectors(ctx); slices.Contains(names, name) {
+		t.Errorf("an orphan ledger must not show up as a connector: %v", names)
+	}
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.h.DeleteConnector(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if rec.ResourceExists(leaked.Name) {
+		t.Errorf("the orphan's resource survived recreating and deleting the connector")
+	}
+}
