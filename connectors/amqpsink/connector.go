@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -133,7 +134,7 @@ func (c *Connector) Stopped(ctx context.Context) error {
 	}
 	defer func() {
 		if conn != nil {
-			_ = conn.Close()
+			_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		}
 	}()
 	if !deleted {

@@ -144,7 +144,7 @@ func (t *Task) connect(ctx context.Context) error {
 		err = ch.Confirm(false)
 	}
 	if err != nil {
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return fmt.Errorf("opening a confirm-mode channel on RabbitMQ at %s: %w", connect.MaskCredentials(t.s.url), err)
 	}
 	sess := &session{conn: conn, ch: ch, pending: map[uint64]*entry{}, returned: map[string]string{}, done: make(chan struct{})}
@@ -376,7 +376,7 @@ func (t *Task) closeSession() {
 	if sess == nil {
 		return
 	}
-	_ = sess.conn.Close()
+	_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	<-sess.done
 	t.mu.Lock()
 	tags := slices.Sorted(maps.Keys(sess.pending))

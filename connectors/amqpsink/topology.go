@@ -15,6 +15,10 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
+// closeTimeout bounds the AMQP close handshake, so an unresponsive broker
+// cannot hold Stopped or a reconnect.
+const closeTimeout = 5 * time.Second
+
 // ConnectionName is the connection_name client property of every connection
 // an instance opens; `rabbitmqctl list_connections client_properties` shows it.
 func ConnectionName(connector string, task int) string {

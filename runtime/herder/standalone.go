@@ -567,7 +567,16 @@ func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 	if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
 		// Never two instances of one task: the abandoned one may still
 		// write (offsets, the ledger) when its blocked call returns.
-		h.logger(c).Error("task not started: its previous instance is still blocked in Poll/Put past the graceful timeout; restart the task once it returns", "task", i)
+		msg := "task not started: its previous instance is still blocked in Poll/Put past the graceful timeout; restart the task once it returns"
+		h.logger(c).Error(msg, "task", i)
+		// Shown once the stuck instance is gone (until then the worker
+		// reports it, marked abandoned).
+		h.statusMu.Lock()
+		h.statuses[id] = worker.Status{State: worker.StateFailed, Trace: msg}
+		h.statusMu.Unlock()
+		if !slices.Contains(c.tasks, id) {
+			c.tasks = append(c.tasks, id)
+		}
 		return
 	}
 	h.statusMu.Lock()
@@ -895,6 +904,10 @@ func (h *Standalone) reconfigureDeletingLocked(ctx context.Context, c *conn, cfg
 		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, old)
 	}
 	p, spec, errs := h.validate(ctx, c.name, cfg)
+	if prev, ok := h.plugins.Lookup(old[KeyConnectorClass]); ok && (len(errs[KeyConnectorClass]) > 0 || p.Class != prev.Class) {
+		// The cleanup must run the plugin that created the resources.
+		errs[KeyConnectorClass] = []string{fmt.Sprintf("connector.class cannot change while the connector is being deleted; keep %s so that its cleanup drops what it created", prev.Class)}
+	}
 	if len(errs) > 0 {
 		return ConnectorInfo{}, &ConfigError{Fields: errs}
 	}
