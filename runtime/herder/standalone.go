@@ -634,18 +634,6 @@ func (h *Standalone) taskAlive(id worker.TaskID) bool {
 	return ok
 }
 
-// stuckTasks returns c's task instances that were asked to stop and have
-// not finished.
-func (h *Standalone) stuckTasks(c *conn) []worker.TaskID {
-	var out []worker.TaskID
-	for _, id := range c.tasks {
-		if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
 // stopConnectorLocked stops the connector instance, if the worker has one.
 func (h *Standalone) stopConnectorLocked(ctx context.Context, c *conn, deleted bool) error {
 	if !c.inWorker {
@@ -1297,6 +1285,10 @@ func (h *Standalone) lookupStopped(ctx context.Context, name string) (*conn, err
 	c, err := h.lookupLive(ctx, name)
 	if err != nil {
 		return nil, err
+	}
+	if c.rec.Target == worker.TargetStopped && !c.inWorker && len(c.tasks) > 0 {
+		c.unlock()
+		return nil, fmt.Errorf("connector %s: %w: task(s) %v did not return from Poll/Put after being stopped and may still commit offsets; retry once they have returned (PUT /connectors/%s/stop retries stopping them)", name, ErrNotStopped, c.tasks, name)
 	}
 	if c.rec.Target != worker.TargetStopped || c.inWorker || len(c.tasks) > 0 {
 		c.unlock()
