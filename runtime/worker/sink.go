@@ -346,12 +346,8 @@ func (s *sinkLoop) finish() {
 	t := s.t
 	t.mu.Lock()
 	failed := t.status.State == StateFailed
-	stopAt := t.stopAt
 	t.mu.Unlock()
-	if stopAt.IsZero() {
-		stopAt = time.Now() // a failure, not a stop request
-	}
-	ctx, cancel := context.WithDeadline(t.base, stopAt.Add(t.set.grace))
+	ctx, cancel := context.WithDeadline(t.base, t.finalDeadline())
 	defer cancel()
 	s.mu.Lock()
 	if !failed {

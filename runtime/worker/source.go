@@ -416,14 +416,7 @@ func (s *sourceLoop) writeOffsets() {
 // consume-and-delete source confirms there what Kafka already holds.
 func (s *sourceLoop) finish() {
 	t := s.t
-	t.mu.Lock()
-	stopAt := t.stopAt
-	t.mu.Unlock()
-	if stopAt.IsZero() {
-		stopAt = time.Now() // a failure, not a stop request
-	}
-	deadline := stopAt.Add(t.set.grace)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(context.Background(), t.finalDeadline())
 	err := s.producer.Flush(ctx)
 	cancel()
 	s.mu.Lock()

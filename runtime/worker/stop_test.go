@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -282,4 +284,110 @@ func TestReplacedInstanceDoesNotReport(t *testing.T) {
 	if s, _ := e.w.TaskStatus(id); s.State != StateRunning {
 		t.Errorf("TaskStatus %+v, want the fresh instance's RUNNING", s)
 	}
+}
+
+// ghostMember joins group as a consumer that never heartbeats or rejoins,
+// as a worker killed with SIGKILL leaves its member behind: the group waits
+// for it (up to its session and rebalance timeouts) on every rebalance.
+func ghostMember(t *testing.T, brokers []string, group, topic string, timeout time.Duration) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 1
+	meta.Topics = []string{topic}
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group = group
+	join.SessionTimeoutMillis = int32(timeout.Milliseconds())
+	join.RebalanceTimeoutMillis = int32(timeout.Milliseconds())
+	join.ProtocolType = "consumer"
+	for _, name := range []string{"cooperative-sticky", "sticky", "range"} {
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name, p.Metadata = name, meta.AppendTo(nil)
+		join.Protocols = append(join.Protocols, p)
+	}
+	var resp *kmsg.JoinGroupResponse
+	for range 2 { // the first answer may only hand out a member id
+		resp, err = join.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kerr.ErrorForCode(resp.ErrorCode) != kerr.MemberIDRequired {
+			break
+		}
+		join.MemberID = resp.MemberID
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		t.Fatalf("ghost join: %v", err)
+	}
+	sync := kmsg.NewPtrSyncGroupRequest()
+	sync.Group, sync.MemberID, sync.Generation = group, resp.MemberID, resp.Generation
+	sync.ProtocolType, sync.Protocol = resp.ProtocolType, resp.Protocol
+	if resp.LeaderID == resp.MemberID {
+		empty := kmsg.NewConsumerMemberAssignment()
+		a := kmsg.NewSyncGroupRequestGroupAssignment()
+		a.MemberID, a.MemberAssignment = resp.MemberID, empty.AppendTo(nil)
+		sync.GroupAssignment = append(sync.GroupAssignment, a)
+	}
+	sresp, err := sync.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kerr.ErrorForCode(sresp.ErrorCode); err != nil {
+		t.Fatalf("ghost sync: %v", err)
+	}
+}
+
+// A sink stopped (here: deleted) while its group waits for a dead member
+// returns within the graceful timeout, and Stopped runs before the stop
+// returns; the worker's Close then waits for the consumer's background
+// close.
+func TestSinkStopBoundedWhileGroupWaitsForDeadMember(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("ghost-"), testenv.Unique("ghost-topic-")
+	produce(t, e.brokers, topic, 3, func(i int) string { return fmt.Sprint(i) })
+	// Long enough to outlast the stop, short enough for Close's wait on
+	// the consumer's background close (kgo waits for the JoinGroup answer,
+	// which the coordinator sends once the ghost times out).
+	ghostMember(t, e.brokers, groupID(name), topic, 10*time.Second)
+	cfg := sinkConfig(name, topic, KeyGracefulTimeout, "1000")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	// The sink's join makes the group rebalance, which waits for the ghost.
+	e.awaitTaskState(id, StateRunning)
+	e.await("the group rebalancing", func() bool { return groupState(t, e.brokers, groupID(name)) == "PreparingRebalance" })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = e.w.StopTasks(ctx, []TaskID{id}, true)[id]
+	if err != nil {
+		t.Fatalf("StopTasks while the group waits for a dead member = %v; want a clean stop within the 1 s graceful timeout", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("StopTasks returned only when the caller's context ended")
+	}
+	e.checkStoppedLast(inst)
+}
+
+func groupState(t *testing.T, brokers []string, group string) string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gs, err := kadm.NewClient(cl).DescribeGroups(ctx, group)
+	if err != nil {
+		return ""
+	}
+	return gs[group].State
 }

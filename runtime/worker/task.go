@@ -374,6 +374,21 @@ func (t *taskInstance) runTask() {
 	}
 }
 
+// finalDeadline is when the final phase's waits on Kafka (producer flush,
+// sink commit and group leave) give up: 9/10 of the graceful timeout after
+// the stop request (or now, after a failure), leaving the rest for Commit,
+// the offset write and closing, so the stop ends within the graceful
+// timeout.
+func (t *taskInstance) finalDeadline() time.Time {
+	t.mu.Lock()
+	stopAt := t.stopAt
+	t.mu.Unlock()
+	if stopAt.IsZero() {
+		stopAt = time.Now() // a failure, not a stop request
+	}
+	return stopAt.Add(t.set.grace * 9 / 10)
+}
+
 // errAbandoned is returned by StopTasks for a task that did not finish
 // within the graceful timeout.
 var errAbandoned = errors.New("task did not finish Poll/Put and its final flush and commit within the graceful timeout and was abandoned; its Stopped runs once it does")
