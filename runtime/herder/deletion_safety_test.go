@@ -159,8 +159,12 @@ func TestCloseDuringDeletionWithStuckTask(t *testing.T) {
 func TestPutConfigDuringFailedDeletion(t *testing.T) {
 	tests := []struct {
 		name string
-		fix  func(h *Standalone, ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, error)
-		bad  func(h *Standalone, ctx context.Context, name string, cfg connect.Config) error
+		// restart restarts the herder between the fix and the DELETE; without
+		// it the connector instance still running with the old config must
+		// not be the one that cleans up.
+		restart bool
+		fix     func(h *Standalone, ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, error)
+		bad     func(h *Standalone, ctx context.Context, name string, cfg connect.Config) error
 	}{
 		{
 			name: "put",
@@ -181,7 +185,8 @@ func TestPutConfigDuringFailedDeletion(t *testing.T) {
 			},
 		},
 		{
-			name: "patch",
+			name:    "patch",
+			restart: true,
 			fix: func(h *Standalone, ctx context.Context, name string, _ connect.Config) (ConnectorInfo, error) {
 				v := "false"
 				return h.PatchConnectorConfig(ctx, name, map[string]*string{sampleconn.KeyFailStopped: &v})
@@ -231,10 +236,18 @@ func TestPutConfigDuringFailedDeletion(t *testing.T) {
 				if err := hs.h.Resume(ctx, name); err == nil {
 					t.Errorf("resume after a config fix during deletion must be refused")
 				}
+				other := cfg.Clone()
+				other[KeyConnectorClass] = sampleconn.SinkClass
+				other[KeyTopics] = "x"
+				if _, _, err := hs.h.PutConnectorConfig(ctx, name, other); !errors.As(err, &ce) || len(ce.Fields[KeyConnectorClass]) == 0 {
+					t.Errorf("class change during deletion: %v, want a *ConfigError naming %s", err, KeyConnectorClass)
+				}
 
-				// The fix survives a restart (the intent holds it), and the
-				// next attempt uses it.
-				hs.restart()
+				if tt.restart {
+					// The fix survives a restart (the intent holds it), and
+					// the attempt at start-up uses it.
+					hs.restart()
+				}
 				if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
 					if err := hs.h.DeleteConnector(ctx, name); err != nil {
 						t.Fatalf("DELETE with the fixed config: %v", err)
@@ -391,5 +404,44 @@ func TestStartupReportsOrphanLedgers(t *testing.T) {
 	}
 	if rec.ResourceExists(leaked.Name) {
 		t.Errorf("the orphan's resource survived recreating and deleting the connector")
+	}
+}
+
+// TestBackgroundRetryWaitsForAbandonedTask: the background retry of a
+// deletion that failed on a stuck task completes it once the task returns,
+// without another DELETE.
+func TestBackgroundRetryWaitsForAbandonedTask(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil, WithDeletionRetry(20*time.Millisecond, 100*time.Millisecond))
+	t.Cleanup(rec.ReleaseBlocked)
+	ctx := testCtx(t)
+	name := testenv.Unique("retry-")
+	task, connInst := sampleconn.TaskInstance(name, 0), sampleconn.ConnectorInstance(name)
+	if _, err := hs.h.CreateConnector(ctx, name, blockingSource(testenv.Unique("t-"), "100"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.AwaitCall(ctx, task+" Poll blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+	var de *DeletionError
+	if err := hs.h.DeleteConnector(ctx, name); !errors.As(err, &de) {
+		t.Fatalf("DELETE with a stuck task: %v, want a *DeletionError", err)
+	}
+	// Some background attempts fail while the task is stuck, and none
+	// reaches the connector.
+	pollUntil(t, "a background retry", func() bool {
+		st, err := hs.h.ConnectorStatus(ctx, name)
+		return err == nil && st.Deletion != nil && st.Deletion.Attempts >= 3
+	})
+	if got := stopCalls(rec, connInst); slices.Contains(got, "Stop(true)") {
+		t.Fatalf("connector got %v while its task was stuck", got)
+	}
+	rec.ReleaseBlocked()
+	pollUntil(t, "the background retry to complete the deletion", func() bool {
+		_, err := hs.h.ConnectorStatus(ctx, name)
+		return errors.Is(err, ErrNotFound)
+	})
+	if res := rec.Resources(); len(res) != 0 {
+		t.Errorf("resources after the background retry: %v", res)
 	}
 }
