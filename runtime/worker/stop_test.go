@@ -391,3 +391,41 @@ func groupState(t *testing.T, brokers []string, group string) string {
 	}
 	return gs[group].State
 }
+
+// A deletion that arrives while a plain stop's Stopped is running (too late
+// to reach the instance) is told so, not answered with the plain Stopped's
+// result.
+func TestStopConnectorDeletionDuringPlainStopped(t *testing.T) {
+	e := newEnv(t)
+	name := testenv.Unique("cslow-")
+	cfg := sourceConfig(name, "t", sampleconn.KeyBlockStopped, "true")
+	if err := e.w.StartConnector(e.ctx(), ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.ConnectorInstance(name)
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := e.w.StopConnector(short, name, false); err == nil {
+		t.Fatal("plain StopConnector returned while Stopped is blocked")
+	}
+	e.awaitCall(inst+" Stopped blocking", 1)
+	// Still listed while Stopped runs; StopConnector(deleted) reaches it
+	// through finish, called here directly so the release below cannot
+	// overtake the call (StopConnector of a forgotten connector is a no-op).
+	e.w.mu.Lock()
+	c := e.w.connectors[name]
+	e.w.mu.Unlock()
+	if c == nil {
+		t.Fatal("the connector is not listed while its Stopped runs")
+	}
+	result := make(chan error, 1)
+	go func() { result <- c.finish(e.w, true) }()
+	e.rec.ReleaseBlocked()
+	if err := <-result; !errors.Is(err, ErrAlreadyStopped) {
+		t.Errorf("StopConnector(deleted) during a plain Stopped = %v, want ErrAlreadyStopped", err)
+	}
+	if n := e.rec.Count(inst + " Stop(true)"); n != 0 {
+		t.Errorf("Stop(true) delivered after Stopped began: %v", e.rec.CallsOf(inst))
+	}
+	e.checkStoppedLast(inst)
+}

@@ -20,26 +20,27 @@ const (
 
 // Configuration keys understood by the sample connectors and tasks.
 const (
-	KeyTopic       = "sample.topic"        // source: topic to produce to (required)
-	KeyCount       = "sample.count"        // source: records per source partition; -1 = unbounded
-	KeyBatch       = "sample.batch.size"   // source: records per Poll
-	KeyRate        = "sample.rate"         // source: records/s per task; 0 = unlimited
-	KeyPartitions  = "sample.partitions"   // source: source partitions per task
-	KeyValueSize   = "sample.value.size"   // source: bytes per value (0 = a short text)
-	KeyFailStart   = "sample.fail.start"   // connector and tasks: Start returns an error
-	KeyFailTask    = "sample.fail.task"    // with fail.start/fail.after: only this task number (-1 = all)
-	KeyFailAfter   = "sample.fail.after"   // Poll/Put fails once this many records went through; -1 = never
-	KeyBlock       = "sample.block"        // none | until-ctx | ignore-ctx: how Poll/Put blocks
-	KeyBlockAfter  = "sample.block.after"  // block once this many records went through
-	KeyBlockStart  = "sample.block.start"  // none | until-ctx | ignore-ctx: how Start blocks
-	KeyResources   = "sample.resources"    // fake resources owned at Start (list)
-	KeyFailStopped = "sample.fail.stopped" // Stopped returns an error (resources kept)
-	KeyFlushUpTo   = "sample.flush.upto"   // sink: Flush reports offsets below this one only; -1 = all
-	KeyErrant      = "sample.errant.value" // sink: records with this value go to Host.Errors.Report
-	KeyBlockFlush  = "sample.block.flush"  // sink: Flush after Stop blocks until the test releases it (ignores ctx)
-	KeyTaskID      = "sample.task.id"      // set by TaskConfigs
-	KeyPassword    = "sample.password"     // a secret, for masking tests
-	KeyURL         = "sample.url"          // a URL that may hold credentials
+	KeyTopic        = "sample.topic"         // source: topic to produce to (required)
+	KeyCount        = "sample.count"         // source: records per source partition; -1 = unbounded
+	KeyBatch        = "sample.batch.size"    // source: records per Poll
+	KeyRate         = "sample.rate"          // source: records/s per task; 0 = unlimited
+	KeyPartitions   = "sample.partitions"    // source: source partitions per task
+	KeyValueSize    = "sample.value.size"    // source: bytes per value (0 = a short text)
+	KeyFailStart    = "sample.fail.start"    // connector and tasks: Start returns an error
+	KeyFailTask     = "sample.fail.task"     // with fail.start/fail.after: only this task number (-1 = all)
+	KeyFailAfter    = "sample.fail.after"    // Poll/Put fails once this many records went through; -1 = never
+	KeyBlock        = "sample.block"         // none | until-ctx | ignore-ctx: how Poll/Put blocks
+	KeyBlockAfter   = "sample.block.after"   // block once this many records went through
+	KeyBlockStart   = "sample.block.start"   // none | until-ctx | ignore-ctx: how Start blocks
+	KeyResources    = "sample.resources"     // fake resources owned at Start (list)
+	KeyFailStopped  = "sample.fail.stopped"  // Stopped returns an error (resources kept)
+	KeyFlushUpTo    = "sample.flush.upto"    // sink: Flush reports offsets below this one only; -1 = all
+	KeyErrant       = "sample.errant.value"  // sink: records with this value go to Host.Errors.Report
+	KeyBlockFlush   = "sample.block.flush"   // sink: Flush after Stop blocks until the test releases it (ignores ctx)
+	KeyBlockStopped = "sample.block.stopped" // connector and tasks: Stopped blocks until the test releases it (ignores ctx)
+	KeyTaskID       = "sample.task.id"       // set by TaskConfigs
+	KeyPassword     = "sample.password"      // a secret, for masking tests
+	KeyURL          = "sample.url"           // a URL that may hold credentials
 )
 
 // Block modes.
@@ -88,6 +89,7 @@ func commonDef() connect.ConfigDef {
 		{Name: KeyBlockAfter, Type: connect.TypeInt, Default: "0", Doc: "Blocking starts once this many records went through.", Importance: connect.ImportanceLow, Validate: nonNegative},
 		{Name: KeyResources, Type: connect.TypeList, Doc: "Names of fake resources each instance owns from Start; dropped in Stopped after Stop(true).", Importance: connect.ImportanceMedium},
 		{Name: KeyFailStopped, Type: connect.TypeBoolean, Default: "false", Doc: "Stopped returns an error and keeps its resources.", Importance: connect.ImportanceLow},
+		{Name: KeyBlockStopped, Type: connect.TypeBoolean, Default: "false", Doc: "Stopped blocks, ignoring its context, until the test releases it (a slow cleanup).", Importance: connect.ImportanceLow},
 		{Name: KeyPassword, Type: connect.TypePassword, Doc: "A secret that must never be shown.", Importance: connect.ImportanceLow},
 		{Name: KeyURL, Type: connect.TypeString, Secret: true, Doc: "A URL whose credentials must be masked.", Importance: connect.ImportanceLow},
 	}
@@ -135,6 +137,7 @@ func Plugins(rec *Recorder) []connect.Plugin {
 // knobs are the parsed settings shared by connectors and tasks.
 type knobs struct {
 	failStart, failStopped bool
+	blockStopped           bool
 	failTask               int
 	failAfter              int
 	block                  string
@@ -151,6 +154,7 @@ func parseKnobs(def connect.ConfigDef, cfg connect.Config) (knobs, error) {
 	var k knobs
 	k.failStart, _ = cfg.Bool(KeyFailStart, false)
 	k.failStopped, _ = cfg.Bool(KeyFailStopped, false)
+	k.blockStopped, _ = cfg.Bool(KeyBlockStopped, false)
 	k.failTask, _ = cfg.Int(KeyFailTask, -1)
 	k.failAfter, _ = cfg.Int(KeyFailAfter, -1)
 	k.block = cfg.String(KeyBlock)
@@ -240,6 +244,10 @@ func (l *lifecycle) stop(deleted bool) {
 }
 
 func (l *lifecycle) stopped(ctx context.Context) error {
+	if l.knobs.blockStopped {
+		l.rec.record(l.instance, "Stopped blocking", nil)
+		<-l.rec.releaseCh()
+	}
 	l.mu.Lock()
 	deleted := l.deleted
 	l.mu.Unlock()
