@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -251,4 +254,72 @@ func TestTwoTasks(t *testing.T) {
 		}
 		single.quiet()
 	}
+}
+
+// TestLateCommitsWhileInFlight: changes committed late, with ids below and
+// between the ids of batches still waiting for Kafka, are read while those
+// batches are in flight, and nothing in flight is read twice.
+func TestLateCommitsWhileInFlight(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "late")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	r := startConnector(t, baseConfig(testenv.Unique("late-"), url, auditSchemaFor(t, db), s+".late"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	ctx := testCtx(t)
+	open := func(id int) pgx.Tx {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		if _, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES ($1)`, id); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	a := open(1) // lowest audit id, commits last
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	c := open(3) // an id between two in-flight ones
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (4)`)
+
+	task := r.tasks[0]
+	poll := func(want ...int64) []connect.SourceRecord {
+		t.Helper()
+		var got []int64
+		var recs []connect.SourceRecord
+		deadline := time.Now().Add(30 * time.Second)
+		for len(got) < len(want) && time.Now().Before(deadline) {
+			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			batch, _ := task.Poll(pctx)
+			cancel()
+			for _, rec := range batch {
+				var k struct{ ID int64 }
+				if err := json.Unmarshal(rec.Key, &k); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, k.ID)
+			}
+			recs = append(recs, batch...)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("polled rows %v, want %v", got, want)
+		}
+		return recs
+	}
+	inflight := poll(2, 4) // not committed: stays in flight, with a gap at 3
+	if err := c.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	inflight = append(inflight, poll(3)...) // between in-flight ids
+	if err := a.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	inflight = append(inflight, poll(1)...) // below them
+	if err := task.Commit(ctx, inflight); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (5)`)
+	poll(5)
+	r.quiet()
 }

@@ -51,7 +51,7 @@ type Task struct {
 	db       string
 	meta     map[tableName]*tableMeta
 
-	selectSQL      string
+	selectSQL      [3]string // by readKind
 	deleteSQL      string
 	deleteRangeSQL string
 	markSQL        string
@@ -120,14 +120,7 @@ func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
 		return err
 	}
 	at := pgx.Identifier{s.auditSchema, t.n.table}.Sanitize()
-	t.selectSQL = `SELECT id, txid::text, (extract(epoch FROM ts) * 1000)::bigint, schema_name, table_name, op::text, before::text, after::text FROM ` + at +
-		// The sub-select makes the multirange an InitPlan, parsed once per
-		// query even in a generic plan, not once per row.
-		` WHERE ($1::text IS NULL OR NOT ((SELECT $1::text::int8multirange) @> id))`
-	if !t.all {
-		t.selectSQL += ` AND (schema_name, table_name) IN (SELECT * FROM unnest($3::text[], $4::text[]))`
-	}
-	t.selectSQL += ` ORDER BY id LIMIT $2`
+	t.selectSQL = readQueries(at, t.all)
 	t.deleteSQL = `DELETE FROM ` + at + ` WHERE id = ANY($1::bigint[])`
 	t.deleteRangeSQL = `DELETE FROM ` + at + ` WHERE id BETWEEN $1 AND $2`
 	wt := pgx.Identifier{s.auditSchema, t.n.wakeup}.Sanitize()
@@ -345,12 +338,18 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		_ = sleepCtx(ctx, 5*time.Millisecond)
 		return []connect.SourceRecord{}, nil
 	}
-	var excl *string
+	kind, args := readAll, []any{t.s.pollMax}
 	if len(t.inflight) > 0 {
-		s := multirange(t.inflight)
-		excl = &s
+		ids := make([]int64, 0, len(t.inflight))
+		for id := range t.inflight {
+			ids = append(ids, id)
+		}
+		lo, hi := slices.Min(ids), slices.Max(ids)
+		kind, args = readAround, append(args, lo, hi)
+		if hi-lo+1 != int64(len(ids)) {
+			kind, args = readAroundGaps, append(args, multirange(t.inflight))
+		}
 	}
-	args := []any{excl, t.s.pollMax}
 	if !t.all {
 		schemas := make([]string, len(t.tables))
 		names := make([]string, len(t.tables))
@@ -359,7 +358,7 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		args = append(args, schemas, names)
 	}
-	rows, err := t.pool.Query(ctx, t.selectSQL, args...)
+	rows, err := t.pool.Query(ctx, t.selectSQL[kind], args...)
 	if err != nil {
 		return nil, err
 	}
@@ -400,6 +399,39 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		t.inflight[r.SourceOffset["id"].(int64)] = struct{}{}
 	}
 	return recs, nil
+}
+
+// Read queries, by what is in flight (polled, not yet deleted).
+const (
+	readAll        = iota // nothing in flight
+	readAround            // in flight: exactly the ids lo..hi ($2, $3)
+	readAroundGaps        // in flight: some ids in lo..hi, listed in $4
+)
+
+// readQueries builds the three read queries. Rows in flight must not be
+// read again, and scanning past them costs as much as reading them, so the
+// query reads below the in-flight ids (only late commits are still there:
+// everything delivered below them is deleted), above them, and between
+// them only when the in-flight ids have gaps a late commit could fill.
+func readQueries(auditTable string, all bool) [3]string {
+	const cols = `id, txid::text, (extract(epoch FROM ts) * 1000)::bigint, schema_name, table_name, op::text, before::text, after::text`
+	filter := func(first int) string {
+		if all {
+			return ""
+		}
+		return fmt.Sprintf(` AND (schema_name, table_name) IN (SELECT * FROM unnest($%d::text[], $%d::text[]))`, first, first+1)
+	}
+	part := func(cond string, f int) string {
+		return `(SELECT ` + cols + ` FROM ` + auditTable + ` WHERE ` + cond + filter(f) + ` ORDER BY id LIMIT $1)`
+	}
+	return [3]string{
+		readAll:    `SELECT ` + cols + ` FROM ` + auditTable + ` WHERE TRUE` + filter(2) + ` ORDER BY id LIMIT $1`,
+		readAround: part(`id < $2`, 4) + ` UNION ALL ` + part(`id > $3`, 4) + ` ORDER BY 1 LIMIT $1`,
+		// The sub-select makes the multirange an InitPlan, parsed once.
+		readAroundGaps: part(`id < $2`, 5) + ` UNION ALL ` +
+			part(`id > $2 AND id < $3 AND NOT ((SELECT $4::text::int8multirange) @> id)`, 5) + ` UNION ALL ` +
+			part(`id > $3`, 5) + ` ORDER BY 1 LIMIT $1`,
+	}
 }
 
 // multirange renders ids as an int8multirange literal of consecutive runs.
