@@ -429,3 +429,45 @@ func TestStopConnectorDeletionDuringPlainStopped(t *testing.T) {
 	}
 	e.checkStoppedLast(inst)
 }
+
+// A restart of a task whose previous instance is still finishing (its final
+// commit or Stopped) waits for it: the fresh instance must not read what
+// the old one is about to confirm.
+func TestRestartWaitsForPreviousInstanceToFinish(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("restartwait-"), testenv.Unique("restartwait-topic-")
+	produce(t, e.brokers, topic, 3, func(i int) string { return fmt.Sprint(i) })
+	// Put fails at once (the task is FAILED), then Stopped blocks.
+	failing := sinkConfig(name, topic, sampleconn.KeyFailAfter, "0", sampleconn.KeyBlockStopped, "true")
+	id, err := e.startTask(failing, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.awaitCall(inst+" Stopped blocking", 1)
+	e.awaitTaskState(id, StateFailed)
+	started := make(chan error, 1)
+	go func() {
+		_, err := e.startTask(sinkConfig(name, topic), 0)
+		started <- err
+	}()
+	select {
+	case err := <-started:
+		t.Fatalf("StartTask returned (%v) while the previous instance's Stopped was still running", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	e.rec.ReleaseBlocked()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	calls := e.rec.CallsOf(inst)
+	stopped, restarted := slices.Index(calls, "Stopped"), -1
+	for i, c := range calls {
+		if c == "Start" && i > 0 {
+			restarted = i
+		}
+	}
+	if stopped < 0 || restarted < stopped {
+		t.Errorf("calls %v: the fresh instance's Start must follow the old instance's Stopped", calls)
+	}
+}
