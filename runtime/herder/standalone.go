@@ -1419,11 +1419,22 @@ func (h *Standalone) ResetOffsets(ctx context.Context, name string) error {
 // --- API: topics and resources
 
 func (h *Standalone) Topics(ctx context.Context, name string) ([]string, error) {
-	// No c.op (a stuck stop must not hold up reads) and no write: a store
-	// write here could race a deletion's forget and bring back the
-	// connector's directory. The stored topics plus what the worker saw.
-	if h.get(name) == nil {
+	// Never waits for c.op (a stuck stop must not hold up reads). The
+	// worker's topics are persisted only if c.op is free at once: unlocked,
+	// the write could race a deletion's forget and bring back the
+	// connector's directory. The answer is the stored topics plus what the
+	// worker saw either way.
+	c := h.get(name)
+	if c == nil {
 		return nil, ErrNotFound
+	}
+	select {
+	case c.op <- struct{}{}:
+		if h.get(name) == c && h.deletionOf(c) == nil {
+			h.saveTopics(ctx, c)
+		}
+		c.unlock()
+	default:
 	}
 	t, err := h.store.Topics(ctx, name)
 	if err != nil {
