@@ -445,3 +445,40 @@ func TestBackgroundRetryWaitsForAbandonedTask(t *testing.T) {
 		t.Errorf("resources after the background retry: %v", res)
 	}
 }
+
+// TestCloseIsNotHeldUpByAStuckConnector (P8): at shutdown a connector
+// whose task is stuck past Close's deadline does not keep the others from
+// stopping gracefully (Stopped runs before Close returns). Sequential
+// stops failed this whenever the stuck connector came first.
+func TestCloseIsNotHeldUpByAStuckConnector(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	t.Cleanup(rec.ReleaseBlocked)
+	ctx := testCtx(t)
+	stuck := testenv.Unique("stuck-")
+	if _, err := hs.h.CreateConnector(ctx, stuck, blockingSource(testenv.Unique("t-"), "30000"), ""); err != nil {
+		t.Fatal(err)
+	}
+	var others []string
+	for range 3 {
+		n := testenv.Unique("fine-")
+		if _, err := hs.h.CreateConnector(ctx, n, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+			t.Fatal(err)
+		}
+		hs.awaitRunning(n, 1)
+		others = append(others, n)
+	}
+	if err := rec.AwaitCall(ctx, sampleconn.TaskInstance(stuck, 0)+" Poll blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_ = hs.h.Close(cctx) // reports the stuck task
+	for _, n := range others {
+		for _, inst := range []string{sampleconn.TaskInstance(n, 0), sampleconn.ConnectorInstance(n)} {
+			if got := rec.CallsOf(inst); len(got) == 0 || got[len(got)-1] != "Stopped" || !slices.Contains(got, "Stop(false)") {
+				t.Errorf("%s at the end of Close = %v, want Stop(false) then Stopped", inst, got)
+			}
+		}
+	}
+}

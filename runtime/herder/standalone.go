@@ -1586,14 +1586,20 @@ func (h *Standalone) Close(ctx context.Context) error {
 	h.mu.Unlock()
 	h.bgCancel()
 	h.bgWG.Wait()
+	// Concurrently: one connector whose stop is stuck (a task past its
+	// graceful timeout, a slow Stopped) must not use up ctx for the others.
+	var wg sync.WaitGroup
 	for _, c := range conns {
-		if err := c.lock(ctx); err != nil {
-			h.log.Warn("connector busy at shutdown; the worker stops it", "connector", c.name, "error", err)
-			continue
-		}
-		h.stopAllLocked(ctx, c)
-		c.unlock()
+		wg.Go(func() {
+			if err := c.lock(ctx); err != nil {
+				h.log.Warn("connector busy at shutdown; the worker stops it", "connector", c.name, "error", err)
+				return
+			}
+			h.stopAllLocked(ctx, c)
+			c.unlock()
+		})
 	}
+	wg.Wait()
 	if err := h.w.Close(ctx); err != nil {
 		return fmt.Errorf("herder: closing the worker: %w", err)
 	}
