@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -352,5 +353,83 @@ func TestStopAloneInterruptsPoll(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Poll still blocked 30s after Stop")
+	}
+}
+
+// TestStopDuringStart: the runtime may call Stop while Start runs, or
+// (from another goroutine) before Start got far. Start must return
+// promptly, and Stopped must release every connection it opened.
+func TestStopDuringStart(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("stopstart-"), url, auditSchemaFor(t, db), s+".t")
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	tcs, err := r.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the instances under test may hold connections.
+	for _, task := range r.tasks {
+		task.Stop(false)
+		if err := task.Stopped(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.tasks = nil
+	awaitNoConnections(t, db, r.name)
+	// Delays spread where Stop lands: before Start, during the connect,
+	// the catalog reads, the LISTEN, or after Start returned.
+	for _, tc := range []struct {
+		name        string
+		stopFirst   bool
+		delay       time.Duration
+		wantStopped bool // Start must fail: Stop came before it
+	}{
+		{name: "stop before start", stopFirst: true, wantStopped: true},
+		{name: "concurrent, no delay"},
+		{name: "concurrent, 1ms", delay: time.Millisecond},
+		{name: "concurrent, 3ms", delay: 3 * time.Millisecond},
+		{name: "concurrent, 10ms", delay: 10 * time.Millisecond},
+		{name: "concurrent, 30ms", delay: 30 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			task := &Task{}
+			ctx := connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))
+			if tc.stopFirst {
+				task.Stop(false)
+			}
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				if !tc.stopFirst {
+					time.Sleep(tc.delay) // where Stop lands, not a wait for a condition
+					task.Stop(false)
+				}
+			}()
+			started := make(chan error, 1)
+			go func() { started <- task.Start(ctx, tcs[0]) }()
+			var startErr error
+			select {
+			case startErr = <-started:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Start still running 20s after Stop")
+			}
+			<-stopped
+			if tc.wantStopped && !errors.Is(startErr, context.Canceled) {
+				t.Errorf("Start after Stop returned %v, want a context.Canceled error", startErr)
+			}
+			if startErr == nil {
+				// Start won the race: a Poll must still see the Stop.
+				if _, err := task.Poll(context.Background()); err == nil {
+					t.Error("Poll after Stop returned no error; want the cancellation")
+				}
+			}
+			if err := task.Stopped(ctx); err != nil {
+				t.Fatal(err)
+			}
+			awaitNoConnections(t, db, r.name)
+		})
 	}
 }

@@ -43,6 +43,9 @@ type Task struct {
 	tables []tableName
 	all    bool // the task reads every table of the connector
 
+	// stopCtx is created lazily by whichever of Start and Stop comes first:
+	// the runtime may call Stop while Start runs, or before it assigns.
+	stopMu     sync.Mutex
 	stopCtx    context.Context
 	stopCancel context.CancelFunc
 
@@ -85,7 +88,25 @@ type tableMeta struct {
 // application_name) and reads the primary keys of its tables.
 func (t *Task) Start(ctx context.Context, cfg connect.Config) error {
 	t.host = connect.HostFrom(ctx)
-	t.stopCtx, t.stopCancel = context.WithCancel(context.Background())
+	// Stop interrupts provisioning as it interrupts Poll; a Stop that came
+	// first makes Start return at once.
+	stopCtx := t.stopContext()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(stopCtx, cancel)()
+	if stopCtx.Err() != nil {
+		return fmt.Errorf("task %d was stopped before it started; nothing to do: %w", t.host.Task, stopCtx.Err())
+	}
+	if err := t.start(ctx, cfg); err != nil {
+		if stopCtx.Err() != nil {
+			return fmt.Errorf("task %d was stopped while starting: %w", t.host.Task, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	s, errs := parseSettings(connectorName(t.host, cfg), cfg)
 	if err := configError(errs); err != nil {
 		return err
@@ -218,7 +239,7 @@ func (t *Task) listen(ctx context.Context) error {
 func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(t.stopCtx, cancel)
+	stop := context.AfterFunc(t.stopContext(), cancel)
 	defer stop()
 
 	interval := time.Duration(t.s.pollInterval) * time.Millisecond
@@ -514,20 +535,30 @@ func uniq(ids []int64) map[int64]struct{} {
 	return m
 }
 
-// Stop interrupts a blocking Poll; the connections stay open until Stopped.
-func (t *Task) Stop(bool) {
-	if t.stopCancel != nil {
-		t.stopCancel()
+// stopContext returns the context Stop cancels, creating it on first use.
+func (t *Task) stopContext() context.Context {
+	t.stopMu.Lock()
+	defer t.stopMu.Unlock()
+	if t.stopCtx == nil {
+		t.stopCtx, t.stopCancel = context.WithCancel(context.Background())
 	}
+	return t.stopCtx
+}
+
+// Stop interrupts a blocking Poll or a running Start; the connections stay
+// open until Stopped.
+func (t *Task) Stop(bool) {
+	t.stopContext()
+	t.stopMu.Lock()
+	t.stopCancel()
+	t.stopMu.Unlock()
 }
 
 // Stopped closes the LISTEN connection and the pool. Tasks own no objects:
 // the connector drops them on deletion.
 func (t *Task) Stopped(ctx context.Context) error {
 	t.closeOnce.Do(func() {
-		if t.stopCancel != nil {
-			t.stopCancel()
-		}
+		t.Stop(false)
 		if t.listener != nil {
 			_ = t.listener.Close(ctx)
 			t.listener = nil
