@@ -139,7 +139,7 @@ func (h *Standalone) taskStopFailure(c *conn, taskErrs map[worker.TaskID]error) 
 	var errs []error
 	for _, id := range c.tasks {
 		if h.taskAlive(id) {
-			errs = append(errs, fmt.Errorf("task %d is still blocked in Poll/Put past the graceful timeout (abandoned); the connector keeps its shared resources until it returns", id.Task))
+			errs = append(errs, fmt.Errorf("task %d has not finished: it is still blocked in Poll/Put (or its final commit or Stopped) past the graceful timeout (abandoned); the connector keeps its shared resources until it returns", id.Task))
 		}
 	}
 	ids := slices.Collect(maps.Keys(taskErrs))

@@ -567,7 +567,7 @@ func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 	if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
 		// Never two instances of one task: the abandoned one may still
 		// write (offsets, the ledger) when its blocked call returns.
-		msg := "task not started: its previous instance is still blocked in Poll/Put past the graceful timeout; restart the task once it returns"
+		msg := "task not started: its previous instance is still blocked in Poll/Put (or its final commit) past the graceful timeout; restart the task once it returns"
 		h.logger(c).Error(msg, "task", i)
 		// Shown once the stuck instance is gone (until then the worker
 		// reports it, marked abandoned).
