@@ -44,7 +44,11 @@ type Task struct {
 	sess    *session
 	parts   map[connect.TopicPartition]*partState
 	failed  []*entry
-	changed chan struct{} // closed and replaced on every change
+	changed chan struct{} // closed and replaced when a waiter must look again
+	// wakeAt is how few unconfirmed messages the waiting call waits for (-1:
+	// nobody waits). The pump wakes it only then, or on a failure, so a full
+	// window refills in bursts instead of one wake-up per confirm.
+	wakeAt  int
 	deleted bool
 }
 
@@ -126,6 +130,7 @@ func (t *Task) init() {
 	if t.changed == nil {
 		t.changed = make(chan struct{})
 	}
+	t.wakeAt = -1
 	if t.parts == nil {
 		t.parts = map[connect.TopicPartition]*partState{}
 	}
@@ -256,7 +261,9 @@ func (t *Task) resolve(sess *session, c amqp.Confirmation) {
 		e.state, e.err = stateFailed, fmt.Errorf("message %s %s", e.msgID, reason)
 		t.failed = append(t.failed, e)
 	}
-	t.signalLocked()
+	if reason != "" || len(sess.pending) <= t.wakeAt {
+		t.signalLocked()
+	}
 }
 
 func (t *Task) signalLocked() {
@@ -465,12 +472,22 @@ func (t *Task) inflight() int {
 	return n
 }
 
-// wait blocks until something changes, the session ends, ctx ends or the
-// task stops.
-func (t *Task) wait(ctx context.Context, sess *session) error {
+// wait blocks until at most wakeAt messages of sess are unconfirmed, a
+// message failed, the session ends, ctx ends or the task stops.
+func (t *Task) wait(ctx context.Context, sess *session, wakeAt int) error {
 	t.mu.Lock()
+	if len(t.failed) > 0 || (sess != nil && len(sess.pending) <= wakeAt) {
+		t.mu.Unlock()
+		return nil
+	}
+	t.wakeAt = wakeAt
 	changed := t.changed
 	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.wakeAt = -1
+		t.mu.Unlock()
+	}()
 	var done chan struct{}
 	if sess != nil {
 		done = sess.done
@@ -561,7 +578,7 @@ func (t *Task) waitWindow(ctx context.Context) (*session, error) {
 		if err := t.reportFailed(ctx); err != nil {
 			return nil, err
 		}
-		if err := t.wait(ctx, sess); err != nil {
+		if err := t.wait(ctx, sess, t.s.maxInFlight/2); err != nil {
 			return nil, err
 		}
 	}
@@ -585,7 +602,7 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 			}
 			return t.offsets(), err
 		}
-		if err := t.wait(ctx, sess); err != nil {
+		if err := t.wait(ctx, sess, 0); err != nil {
 			break
 		}
 	}
