@@ -362,9 +362,11 @@ func (f *File) Put(_ context.Context, connector string, offsets []worker.SourceO
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	e, err := f.get(connector, true)
-	if err != nil {
-		return err
+	// As Own: a late commit from a task that outlived its connector must
+	// not recreate the forgotten connector's directory.
+	e, _ := f.get(connector, false)
+	if e == nil || e.rec == nil {
+		return fmt.Errorf("store: refusing to store source offsets for connector %s: %w (it was deleted)", connector, ErrNoConnector)
 	}
 	next := maps.Clone(e.offsets)
 	for _, it := range items {

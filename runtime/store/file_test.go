@@ -173,6 +173,9 @@ func TestDataDirLocked(t *testing.T) {
 func TestOffsetsMergeAndTombstone(t *testing.T) {
 	ctx := context.Background()
 	f := openT(t, t.TempDir())
+	if err := f.PutConnector(ctx, ConnectorRecord{Name: "c"}); err != nil {
+		t.Fatal(err)
+	}
 	p1, p2 := map[string]any{"p": "1"}, map[string]any{"p": "2"}
 	steps := []struct {
 		name string

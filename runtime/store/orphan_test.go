@@ -9,11 +9,12 @@ import (
 	"testing"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
-// TestOwnNeverRecreatesAForgottenConnector: a late Ledger.Own (a task that
-// outlived its connector's deletion) is refused instead of recreating the
-// connector's directory with an orphan ledger.
+// TestOwnNeverRecreatesAForgottenConnector: a late Ledger.Own or offset
+// commit (a task that outlived its connector's deletion) is refused instead
+// of recreating the connector's directory with an orphan ledger.
 func TestOwnNeverRecreatesAForgottenConnector(t *testing.T) {
 	res := connect.Resource{Kind: "q", Name: "late", Location: "/"}
 	tests := []struct {
@@ -59,9 +60,10 @@ func TestOwnNeverRecreatesAForgottenConnector(t *testing.T) {
 			_, statErr := os.Stat(filepath.Join(dir, "connectors", name))
 			existed := statErr == nil
 			err := f.Ledger(name).Own(ctx, res)
+			perr := f.Put(ctx, name, []worker.SourceOffset{{Partition: map[string]any{"p": 1}, Offset: map[string]any{"o": 1}}})
 			if tt.wantErr {
-				if !errors.Is(err, ErrNoConnector) {
-					t.Fatalf("Own = %v, want ErrNoConnector", err)
+				if !errors.Is(err, ErrNoConnector) || !errors.Is(perr, ErrNoConnector) {
+					t.Fatalf("Own = %v, Put = %v, want ErrNoConnector", err, perr)
 				}
 				if _, err := os.Stat(filepath.Join(dir, "connectors", name)); !existed && err == nil {
 					t.Errorf("a refused Own recreated the connector's directory")
@@ -71,8 +73,8 @@ func TestOwnNeverRecreatesAForgottenConnector(t *testing.T) {
 				}
 				return
 			}
-			if err != nil {
-				t.Fatalf("Own = %v, want success", err)
+			if err != nil || perr != nil {
+				t.Fatalf("Own = %v, Put = %v, want success", err, perr)
 			}
 			if got, _ := f.Ledger(name).List(ctx); !reflect.DeepEqual(got, []connect.Resource{res}) {
 				t.Errorf("ledger = %v, want [%v]", got, res)
