@@ -63,7 +63,8 @@ type Configs interface {
 }
 
 // Offsets stores committed source offsets per connector. It implements
-// worker.OffsetStore (Get and Put; Put merges).
+// worker.OffsetStore (Get and Put; Put merges, and fails for a connector
+// without a config record, as Ledger.Own does).
 type Offsets interface {
 	worker.OffsetStore
 	// AllOffsets returns every partition's offset of a connector, sorted by
