@@ -288,7 +288,8 @@ func location(raw string) string {
 	if err != nil {
 		return ""
 	}
-	return (&url.URL{Scheme: u.Scheme, Host: fmt.Sprintf("%s:%d", strings.ToLower(u.Host), u.Port), Path: "/" + url.PathEscape(u.Vhost)}).String()
+	// Built by hand: url.URL would escape the escaped vhost a second time.
+	return fmt.Sprintf("%s://%s:%d/%s", u.Scheme, strings.ToLower(u.Host), u.Port, url.PathEscape(u.Vhost))
 }
 
 // queueName renders the queue template for topic.

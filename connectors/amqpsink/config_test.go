@@ -139,3 +139,17 @@ func TestBindingNameRoundTrip(t *testing.T) {
 		t.Error("parseBinding accepted a name without exchange and owner")
 	}
 }
+
+func TestLocation(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"amqp://u:p@localhost:5672/", "amqp://localhost:5672/%2F"},
+		{"amqp://u:p@LocalHost/", "amqp://localhost:5672/%2F"},
+		{"amqp://localhost", "amqp://localhost:5672/%2F"},
+		{"amqp://u:p@h:5673/prod", "amqp://h:5673/prod"},
+		{"amqps://u:p@h/a%2Fb", "amqps://h:5671/a%2Fb"},
+	} {
+		if got := location(tc.url); got != tc.want {
+			t.Errorf("location(%q) = %q, want %q", tc.url, got, tc.want)
+		}
+	}
+}
