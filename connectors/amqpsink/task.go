@@ -588,12 +588,17 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 	if t.fatal != nil {
 		return t.offsets(), t.fatal
 	}
-	for t.inflight() > 0 || t.pendingFailures() {
+	for {
 		if err := t.reportFailed(ctx); err != nil {
 			return t.offsets(), err
 		}
 		if t.inflight() == 0 {
-			break
+			// The last confirms may have brought failures after the report
+			// above; with nothing in flight no more can come.
+			if !t.pendingFailures() {
+				break
+			}
+			continue
 		}
 		sess, err := t.ensureLive(ctx)
 		if err != nil {
