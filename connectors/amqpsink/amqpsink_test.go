@@ -630,14 +630,25 @@ func TestStopInterruptsWaitForConfirms(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Put did not return after Stop while waiting for confirms")
 	}
-	offs, err := s.task.Flush(ctxT(t))
+	// The final Flush after Stop waits for confirms, but only within its ctx.
+	fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	offs, err := s.task.Flush(fctx)
+	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if o, ok := offs[connect.TopicPartition{Topic: "slow"}]; ok && o != 0 {
 		t.Errorf("Flush reported offset %d with no message confirmed", o)
 	}
+	// Once confirms flow again, the final Flush reports them.
 	resume()
+	offs, err = s.task.Flush(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := offs[connect.TopicPartition{Topic: "slow"}]; o != 2 {
+		t.Errorf("final Flush after the queue resumed reported offset %d, want 2 (the two published records confirmed)", o)
+	}
 	if err := s.stop(true); err != nil {
 		t.Fatal(err)
 	}

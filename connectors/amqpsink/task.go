@@ -475,6 +475,12 @@ func (t *Task) inflight() int {
 // wait blocks until at most wakeAt messages of sess are unconfirmed, a
 // message failed, the session ends, ctx ends or the task stops.
 func (t *Task) wait(ctx context.Context, sess *session, wakeAt int) error {
+	return t.waitStop(ctx, sess, wakeAt, t.stopCh)
+}
+
+// waitStop is wait with the stop signal given explicitly (nil: only ctx
+// ends the wait).
+func (t *Task) waitStop(ctx context.Context, sess *session, wakeAt int, stop <-chan struct{}) error {
 	t.mu.Lock()
 	if len(t.failed) > 0 || (sess != nil && len(sess.pending) <= wakeAt) {
 		t.mu.Unlock()
@@ -499,7 +505,7 @@ func (t *Task) wait(ctx context.Context, sess *session, wakeAt int) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.stopCh:
+	case <-stop:
 		return errStopping
 	}
 }
@@ -588,6 +594,11 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 	if t.fatal != nil {
 		return t.offsets(), t.fatal
 	}
+	// The runtime's final Flush comes after Stop: it still waits for the
+	// confirms of what is in flight, bounded by its ctx, so that a plain
+	// stop does not turn them into duplicates after the restart. It does
+	// not reconnect. A Flush that began before Stop is interrupted by it.
+	final := t.stopping()
 	for {
 		if err := t.reportFailed(ctx); err != nil {
 			return t.offsets(), err
@@ -596,6 +607,16 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 			// The last confirms may have brought failures after the report
 			// above; with nothing in flight no more can come.
 			if !t.pendingFailures() {
+				break
+			}
+			continue
+		}
+		var sess *session
+		if final {
+			if sess = t.live(); sess == nil {
+				break
+			}
+			if err := t.waitStop(ctx, sess, 0, nil); err != nil {
 				break
 			}
 			continue
