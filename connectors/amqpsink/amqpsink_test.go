@@ -286,14 +286,23 @@ func TestCleanupOnDeleteFalseKeepsEverything(t *testing.T) {
 	cfg[KeyCleanupOnDelete] = "false"
 	name := cfg["name"]
 	cleanupByName(t, b, name, name+".keep")
-	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	ledger := connect.NewMemoryLedger()
+	s := startSink(t, cfg, ledger, &reporter{})
 	s.put(rec("keep", 0, 0, "", "x"))
 	s.flush()
+	if owned, _ := ledger.List(t.Context()); len(owned) == 0 {
+		t.Fatal("nothing was owned before the deletion; the test proves nothing")
+	}
 	if err := s.stop(true); err != nil {
 		t.Fatal(err)
 	}
 	if !b.queueExists(name+".keep") || !b.exchangeExists(name) || b.messages(name+".keep") != 1 {
 		t.Error("cleanup.on.delete=false did not keep the exchange, queue and message")
+	}
+	// The kept objects are handed over: the ledger ends empty, so the
+	// runtime can finish the deletion.
+	if left, _ := ledger.List(t.Context()); len(left) != 0 {
+		t.Errorf("cleanup.on.delete=false left ledger entries %v; the deletion could never complete", left)
 	}
 }
 

@@ -149,7 +149,18 @@ func (c *Connector) Stopped(ctx context.Context) error {
 		return errors.New("cannot delete the owned RabbitMQ resources: the configuration is invalid; fix it and delete the connector again")
 	}
 	if !s.cleanup {
+		// Keeping them means handing them over to the user: the ledger must
+		// end empty, or the runtime would see an unfinished deletion forever.
 		h.Logger.Info("connector deleted; keeping its exchange, queues and bindings", "reason", KeyCleanupOnDelete+"=false")
+		rs, err := h.Ledger.List(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the ledger: %w", err)
+		}
+		for _, r := range rs {
+			if err := h.Ledger.Release(ctx, r); err != nil {
+				return fmt.Errorf("releasing %s from the ledger: %w", r, err)
+			}
+		}
 		return nil
 	}
 	rs, err := h.Ledger.List(ctx)
