@@ -53,7 +53,7 @@ type chain struct {
 func newChain(t testing.TB, embedded ...bool) *chain {
 	t.Helper()
 	if !hasCommand() {
-		t.Skip("cmd/tidyconnect has no Go sources yet: the integration suite needs the tidyconnect binary")
+		t.Fatal("cmd/tidyconnect has no Go sources: the integration suite needs the tidyconnect binary")
 	}
 	c := &chain{t: t, pgURL: testenv.PostgresURL(t), amqpURL: testenv.RabbitMQURL(t)}
 	useEmbedded := len(embedded) > 0 && embedded[0]

@@ -28,6 +28,10 @@ const (
 	PostgresEnv = "TIDYCONNECT_TEST_POSTGRES_URL"
 	RabbitMQEnv = "TIDYCONNECT_TEST_RABBITMQ_URL"
 	KafkaEnv    = "TIDYCONNECT_TEST_KAFKA_BROKERS"
+	// RequireEnv, when set to 1, turns a missing service into a failure
+	// instead of a skip: CI sets it so integration tests can never pass by
+	// not running.
+	RequireEnv = "TIDYCONNECT_TEST_REQUIRE_SERVICES"
 )
 
 var (
@@ -130,6 +134,9 @@ func requireDocker(t testing.TB, env string) {
 		dockerOK = p.Health(ctx) == nil
 	})
 	if !dockerOK {
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatalf("no service for this integration test and %s=1: set %s", RequireEnv, env)
+		}
 		t.Skipf("no service for this integration test: set %s (or run where a Docker engine is available for testcontainers)", env)
 	}
 }

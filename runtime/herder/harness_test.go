@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -133,9 +132,6 @@ func (hs *harness) start() {
 	h, err := NewStandalone(testCtx(t), append(opts, hs.extra...)...)
 	if err != nil {
 		st.Close()
-		if strings.Contains(err.Error(), "not implemented") {
-			t.Skipf("runtime/worker is not implemented yet: %v", err)
-		}
 		t.Fatalf("NewStandalone: %v", err)
 	}
 	hs.h = h
