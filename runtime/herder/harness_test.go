@@ -16,6 +16,7 @@ import (
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
@@ -23,7 +24,7 @@ import (
 
 // Worker kinds the herder tests run against.
 const (
-	kindSync = "sync" // syncWorker: the herder's decisions alone
+	kindSync = "sync" // syncworker: the herder's decisions alone
 	kindReal = "real" // runtime/worker with Kafka (kfake in-process)
 )
 
@@ -110,7 +111,7 @@ func (hs *harness) start() {
 	var newWorker NewHookedWorkerFunc
 	switch hs.kind {
 	case kindSync:
-		newWorker = func(hk WorkerHooks) (Worker, error) { return newSyncWorker(hs.reg, hk.Status), nil }
+		newWorker = func(hk WorkerHooks) (Worker, error) { return syncworker.New(hs.reg, hk.Status), nil }
 	case kindReal:
 		newWorker = func(hk WorkerHooks) (Worker, error) {
 			w, err := worker.New(worker.WithID("test:8083"), worker.WithPlugins(hs.reg), worker.WithOffsetStore(st),

@@ -10,11 +10,16 @@ import (
 
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 	"github.com/tidyconnect/tidyconnect/runtime/rest"
 	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
+
+// The e2e tests drive the real standalone herder with syncworker, which runs
+// the lifecycle calls synchronously without the Poll/Put data path.
+var _ herder.Worker = (*syncworker.Worker)(nil)
 
 // e2e is the REST API over a real standalone herder and file store, running
 // the sample connectors, which record every lifecycle call.
@@ -43,7 +48,9 @@ func newE2E(t *testing.T) *e2e {
 		herder.WithStore(st), herder.WithPlugins(reg), herder.WithLogger(log),
 		herder.WithKafkaClusterID("e2e-cluster"),
 		herder.WithDeletionRetry(time.Hour, time.Hour), // retries are driven by the test's DELETEs
-		herder.WithWorker(func(l worker.StatusListener) (herder.Worker, error) { return newLifecycleWorker(reg, l), nil }),
+		herder.WithWorker(func(l worker.StatusListener) (herder.Worker, error) {
+			return syncworker.New(reg, l, syncworker.WithWorkerID("e2e"), syncworker.WithoutUnassignedReports()), nil
+		}),
 	)
 	if err != nil {
 		t.Fatal(err)
