@@ -27,6 +27,13 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// The first signal starts a graceful shutdown; restoring the default
+	// handlers lets a second one kill a shutdown that takes too long. The
+	// goroutine ends with ctx, which stop cancels at the latest.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.LookupEnv))
 }
 

@@ -246,7 +246,7 @@ func rabbitmqctl(t testing.TB) string {
 	t.Helper()
 	p, err := exec.LookPath("rabbitmqctl")
 	if err != nil {
-		t.Skip("rabbitmqctl is not on PATH: this test needs it to inspect or close broker connections")
+		testenv.Skip(t, "rabbitmqctl is not on PATH: this test needs it to inspect or close broker connections")
 	}
 	return p
 }

@@ -112,7 +112,7 @@ func TestOutageThroughRuntime(t *testing.T) {
 	st := newStack(t)
 	px := newProxy(t, "127.0.0.1:5432")
 	if !strings.Contains(url, "127.0.0.1:5432") {
-		t.Skipf("the outage test proxies 127.0.0.1:5432; %s points elsewhere", testenv.PostgresEnv)
+		testenv.Skip(t, "the outage test proxies 127.0.0.1:5432; %s points elsewhere", testenv.PostgresEnv)
 	}
 	pURL := strings.Replace(url, "127.0.0.1:5432", px.addr, 1)
 	cfg := baseConfig(testenv.Unique("outage-rt-"), pURL, auditSchemaFor(t, db), s+".orders")

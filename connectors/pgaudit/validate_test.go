@@ -31,7 +31,7 @@ func TestBadConfig(t *testing.T) {
 	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "secret")+` TO `+pgx.Identifier{role}.Sanitize())
 	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
 	if roleURL == url {
-		t.Skipf("cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
 	}
 
 	tests := []struct {

@@ -116,6 +116,17 @@ func Unique(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
+// Skip skips a test that cannot run here (a missing tool, a service it
+// cannot reach in the way it needs), unless TIDYCONNECT_TEST_REQUIRE_SERVICES
+// is 1: then it fails, so CI never passes a test by not running it.
+func Skip(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv(RequireEnv) == "1" {
+		t.Fatalf("cannot run and %s=1: "+format, append([]any{RequireEnv}, args...)...)
+	}
+	t.Skipf(format, args...)
+}
+
 var (
 	dockerOnce sync.Once
 	dockerOK   bool

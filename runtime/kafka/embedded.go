@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -103,7 +104,11 @@ func StartEmbedded(ctx context.Context, dataDir, listenAddr string, opts ...Embe
 	e := &Embedded{cluster: c, addrs: c.ListenAddrs(), dataDir: dataDir, logger: logger}
 	cl, err := NewClient(e.addrs, nil)
 	if err == nil {
-		e.clusterID, err = ClusterID(ctx, cl)
+		// An in-process broker answers at once; bound the probe so a broken
+		// one fails the start instead of hanging it.
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		e.clusterID, err = ClusterID(pctx, cl)
+		cancel()
 		cl.Close()
 	}
 	if err != nil {
