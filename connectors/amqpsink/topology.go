@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strings"
@@ -156,24 +157,18 @@ func (tp *topology) ensureExchange(ctx context.Context) error {
 	if ex == "" || strings.HasPrefix(ex, "amq.") {
 		return nil // the default and predefined exchanges always exist
 	}
-	err := tp.withChannel(func(ch *amqp.Channel) error {
-		return ch.ExchangeDeclarePassive(ex, tp.s.exchangeType, true, false, false, false, nil)
-	})
-	switch {
-	case isNotFound(err):
-		if err := tp.ledger.Own(ctx, tp.exchangeRes()); err != nil {
-			return fmt.Errorf("recording exchange %q in the ledger before creating it: %w", ex, err)
-		}
-		err = tp.withChannel(func(ch *amqp.Channel) error {
+	created, err := tp.provision(ctx, "exchange", ex, KeyExchangeType, tp.exchangeRes(),
+		func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclarePassive(ex, tp.s.exchangeType, true, false, false, false, nil)
+		},
+		func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(ex, tp.s.exchangeType, true, false, false, false, amqp.Table{OwnerArg: tp.s.connector})
 		})
-		if err != nil {
-			return tp.declareError("exchange", ex, KeyExchangeType, err)
+	if err != nil || created {
+		if created {
+			tp.log.Info("created exchange", "exchange", ex, "type", tp.s.exchangeType)
 		}
-		tp.log.Info("created exchange", "exchange", ex, "type", tp.s.exchangeType)
-		return nil
-	case err != nil:
-		return fmt.Errorf("checking whether exchange %q exists: %w", ex, err)
+		return err
 	}
 	// It exists and is not ours: use it if it is equivalent.
 	err = tp.withChannel(func(ch *amqp.Channel) error {
@@ -183,6 +178,127 @@ func (tp *topology) ensureExchange(ctx context.Context) error {
 		return tp.declareError("exchange", ex, KeyExchangeType, err)
 	}
 	return nil
+}
+
+// ProvisionLockQueue is the exclusive queue that serialises the
+// check-then-create of exchanges and queues among tidyconnect connectors on
+// one vhost (decision 0050, amended).
+const ProvisionLockQueue = "tidyconnect.provision.lock"
+
+// provisionLockWait bounds the wait for the provisioning lock; a holder only
+// keeps it for a few round trips.
+const provisionLockWait = 30 * time.Second
+
+// provision decides whether the connector creates (and owns) an object.
+// A passive declare on a throwaway channel finds it or not; only if it is
+// missing, the vhost's provisioning lock is taken, the check repeated under
+// it, the object recorded in the ledger and then declared. Two connectors
+// racing for the same name are thus serialised: the second finds the object
+// and does not own it. If the declare fails and a passive check (on the
+// lock's own connection, which a failure of tp.conn does not affect) shows
+// the object does not exist, the ledger entry is released again. created
+// reports whether this call created it; (false, nil) means it already
+// existed.
+func (tp *topology) provision(ctx context.Context, what, name, key string, res connect.Resource,
+	passive, create func(ch *amqp.Channel) error) (created bool, err error) {
+	err = tp.withChannel(passive)
+	if err == nil {
+		return false, nil
+	}
+	if !isNotFound(err) {
+		return false, fmt.Errorf("checking whether %s %q exists: %w", what, name, err)
+	}
+	lock, err := tp.lockProvisioning(ctx)
+	if err != nil {
+		return false, fmt.Errorf("before creating %s %q: %w", what, name, err)
+	}
+	defer tp.unlockProvisioning(lock)
+	err = tp.withChannel(passive)
+	switch {
+	case err == nil:
+		return false, nil // someone created it meanwhile
+	case !isNotFound(err):
+		return false, fmt.Errorf("checking whether %s %q exists: %w", what, name, err)
+	}
+	if err := tp.ledger.Own(ctx, res); err != nil {
+		return false, fmt.Errorf("recording %s %q in the ledger before creating it: %w", what, name, err)
+	}
+	derr := tp.withChannel(create)
+	if derr == nil {
+		return true, nil
+	}
+	derr = tp.declareError(what, name, key, derr)
+	// Not created for sure only if it does not exist now: then the entry
+	// must go, or a later deletion would drop someone else's object of
+	// that name. Otherwise (it exists, or the check fails) keep it.
+	cerr := onChannel(lock, passive)
+	if !isNotFound(cerr) {
+		return false, derr
+	}
+	if err := tp.ledger.Release(ctx, res); err != nil {
+		return false, errors.Join(derr, fmt.Errorf("releasing the ledger entry of %s %q, which was not created: %w", what, name, err))
+	}
+	return false, derr
+}
+
+func onChannel(conn *amqp.Connection, fn func(ch *amqp.Channel) error) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("opening an AMQP channel: %w", err)
+	}
+	err = fn(ch)
+	if !ch.IsClosed() {
+		_ = ch.Close()
+	}
+	return err
+}
+
+// lockProvisioning takes the vhost's provisioning lock: the exclusive queue
+// ProvisionLockQueue, declared on a connection of its own. RabbitMQ refuses
+// a second connection's declare with 405 RESOURCE_LOCKED (closing that
+// channel), so a refused attempt is retried on a new channel with backoff,
+// within ctx and provisionLockWait. The lock dies with its connection, so a
+// crashed holder cannot keep it.
+func (tp *topology) lockProvisioning(ctx context.Context) (*amqp.Connection, error) {
+	ctx, cancel := context.WithTimeout(ctx, provisionLockWait)
+	defer cancel()
+	conn, err := dial(ctx, tp.s, fmt.Sprintf("tidyconnect:%s:provision-lock", tp.s.connector))
+	if err != nil {
+		return nil, err
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		err := onChannel(conn, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(ProvisionLockQueue, false, true, true, false, nil)
+			return err
+		})
+		if err == nil {
+			return conn, nil
+		}
+		if amqpCode(err) != amqp.ResourceLocked {
+			_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+			return nil, fmt.Errorf("taking the provisioning lock (exclusive queue %q): %w", ProvisionLockQueue, err)
+		}
+		timer := time.NewTimer(backoff + time.Duration(rand.Int64N(int64(backoff))))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+			return nil, fmt.Errorf("waiting for the provisioning lock (exclusive queue %q, held by another tidyconnect connector on this vhost): %w", ProvisionLockQueue, ctx.Err())
+		}
+		backoff = min(backoff*2, 200*time.Millisecond)
+	}
+}
+
+// unlockProvisioning deletes the lock queue (so a waiter gets it at once)
+// and closes the lock's connection, which frees it in any case.
+func (tp *topology) unlockProvisioning(conn *amqp.Connection) {
+	_ = onChannel(conn, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(ProvisionLockQueue, false, false, false)
+		return err
+	})
+	_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
 func (tp *topology) declareError(what, name, key string, err error) error {
@@ -199,35 +315,8 @@ func (tp *topology) ensureTopic(ctx context.Context, topic string) error {
 	if err := checkName(q); err != nil {
 		return fmt.Errorf("queue name %q from %s for topic %q: %w", q, KeyQueue, topic, err)
 	}
-	args := amqp.Table{"x-queue-type": tp.s.queueType}
-	err := tp.withChannel(func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	if err := tp.ensureQueue(ctx, q); err != nil {
 		return err
-	})
-	switch {
-	case isNotFound(err):
-		if err := tp.ledger.Own(ctx, tp.queueRes(q)); err != nil {
-			return fmt.Errorf("recording queue %q in the ledger before creating it: %w", q, err)
-		}
-		owned := amqp.Table{"x-queue-type": tp.s.queueType, OwnerArg: tp.s.connector}
-		err = tp.withChannel(func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare(q, true, false, false, false, owned)
-			return err
-		})
-		if err != nil {
-			return tp.declareError("queue", q, KeyQueueType, err)
-		}
-		tp.log.Info("created queue", "queue", q, "type", tp.s.queueType, "topic", topic)
-	case err != nil:
-		return fmt.Errorf("checking whether queue %q exists: %w", q, err)
-	default:
-		err = tp.withChannel(func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare(q, true, false, false, false, args)
-			return err
-		})
-		if err != nil {
-			return tp.declareError("queue", q, KeyQueueType, err)
-		}
 	}
 	b := tp.bindingFor(topic)
 	// The marked binding is ours even between two objects that are not: its
@@ -235,11 +324,39 @@ func (tp *topology) ensureTopic(ctx context.Context, topic string) error {
 	if err := tp.ledger.Own(ctx, connect.Resource{Kind: KindBinding, Name: b.name(), Location: tp.s.location}); err != nil {
 		return fmt.Errorf("recording the binding of queue %q in the ledger: %w", q, err)
 	}
-	err = tp.withChannel(func(ch *amqp.Channel) error {
+	err := tp.withChannel(func(ch *amqp.Channel) error {
 		return ch.QueueBind(q, b.key, b.exchange, false, b.args())
 	})
 	if err != nil {
 		return fmt.Errorf("binding queue %q to exchange %q with key %q: %w", q, b.exchange, b.key, err)
+	}
+	return nil
+}
+
+// ensureQueue makes sure queue q exists with the configured type, owning it
+// only if this call creates it.
+func (tp *topology) ensureQueue(ctx context.Context, q string) error {
+	created, err := tp.provision(ctx, "queue", q, KeyQueueType, tp.queueRes(q),
+		func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			return err
+		},
+		func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": tp.s.queueType, OwnerArg: tp.s.connector})
+			return err
+		})
+	if err != nil || created {
+		if created {
+			tp.log.Info("created queue", "queue", q, "type", tp.s.queueType)
+		}
+		return err
+	}
+	err = tp.withChannel(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": tp.s.queueType})
+		return err
+	})
+	if err != nil {
+		return tp.declareError("queue", q, KeyQueueType, err)
 	}
 	return nil
 }
@@ -279,6 +396,10 @@ func (tp *topology) cleanup(ctx context.Context) error {
 	return nil
 }
 
+// drop deletes one owned object. It cannot check that an exchange or queue
+// is still the one it created: AMQP 0-9-1 returns no arguments, so the
+// x-tidyconnect-owner marker is invisible to a passive declare. Ownership
+// rests on the serialised check-then-create in provision.
 func (tp *topology) drop(r connect.Resource) error {
 	err := tp.withChannel(func(ch *amqp.Channel) error {
 		switch r.Kind {
