@@ -99,9 +99,11 @@ func TestReadConnectorFile(t *testing.T) {
 		wantErr []string
 	}{
 		{"valid", `{"name":"c1","config":{"connector.class":"pgaudit","tasks.max":"1"},"initial_state":"paused"}`, nil},
+		// Numbers are coerced to their literal text, as over REST.
+		{"valid number", `{"name":"c1","config":{"connector.class":"pgaudit","tasks.max":1},"initial_state":"paused"}`, nil},
 		{"not json", `{"name":`, []string{"not a JSON object"}},
 		{"missing name and config", `{}`, []string{`"name" is required`, `"config" is required`}},
-		{"non-string value", `{"name":"c","config":{"tasks.max":2}}`, []string{"config.tasks.max must be a string"}},
+		{"non-scalar value", `{"name":"c","config":{"tasks.max":[2]}}`, []string{"config.tasks.max must be a string"}},
 		{"unknown field", `{"name":"c","config":{},"extra":1}`, []string{`unknown field "extra"`}},
 		{"bad name", `{"name":"a/b","config":{}}`, []string{`field "name"`, "'/'"}},
 	}

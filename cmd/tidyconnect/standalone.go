@@ -79,8 +79,8 @@ func readConnectorFile(path string) (connectorFile, error) {
 		}
 		cf.config = connect.Config{}
 		for k, rv := range m {
-			var s string
-			if err := json.Unmarshal(rv, &s); err != nil {
+			s, ok := rest.ConfigValue(rv)
+			if !ok {
 				msgs = append(msgs, fmt.Sprintf("field config.%s must be a string (write %s as \"...\")", k, strings.TrimSpace(string(rv))))
 				continue
 			}

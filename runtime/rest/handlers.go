@@ -263,8 +263,8 @@ func (s *server) patchConfig(w http.ResponseWriter, r *http.Request) error {
 			patch[k] = nil
 			continue
 		}
-		var v string
-		if err := json.Unmarshal(raw, &v); err != nil {
+		v, ok := ConfigValue(raw)
+		if !ok {
 			msgs = append(msgs, fmt.Sprintf("config %q must be a JSON string or null, got %s", k, jsonKind(raw)))
 			continue
 		}
@@ -662,8 +662,8 @@ func decodeConfig(raw json.RawMessage, what string) (connect.Config, []string) {
 	cfg := make(connect.Config, len(m))
 	var msgs []string
 	for _, k := range sortedKeys(m) {
-		var v string
-		if err := json.Unmarshal(m[k], &v); err != nil || isNull(m[k]) {
+		v, ok := ConfigValue(m[k])
+		if !ok {
 			msgs = append(msgs, fmt.Sprintf("config value of %q must be a JSON string, got %s (write it in quotes)", k, jsonKind(m[k])))
 			continue
 		}
@@ -679,6 +679,34 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// ConfigValue returns a config value as text: a JSON string as is, and a
+// number or boolean as its literal text ("tasks.max": 2 is "2"), as Kafka
+// Connect's JSON binding coerces scalars into its string-to-string config
+// maps. Objects, arrays and null are not config values.
+func ConfigValue(raw json.RawMessage) (string, bool) {
+	b := bytes.TrimSpace(raw)
+	if len(b) == 0 {
+		return "", false
+	}
+	switch {
+	case b[0] == '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return "", false
+		}
+		return s, true
+	case string(b) == "true" || string(b) == "false":
+		return string(b), true
+	case b[0] == '-' || (b[0] >= '0' && b[0] <= '9'):
+		var n json.Number
+		if err := json.Unmarshal(b, &n); err != nil {
+			return "", false
+		}
+		return n.String(), true
+	}
+	return "", false
 }
 
 func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }

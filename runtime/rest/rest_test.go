@@ -178,8 +178,17 @@ func TestEndpoints(t *testing.T) {
 				 "value":{"name":"db.url","value":"postgres://u:xxxxx@h/db","recommended_values":["postgres://localhost/test"],"errors":[],"visible":true}}]}`},
 		{name: "validate class mismatch", method: "PUT", path: "/connector-plugins/sample.Source/config/validate", contentType: appJSON,
 			body: `{"connector.class":"sample.Sink"}`, wantStatus: 400, wantMsg: []string{"sample.Sink", "sample.Source"}, wantCalls: []string{}},
-		{name: "validate non-string value", method: "PUT", path: "/connector-plugins/sample.Source/config/validate", contentType: appJSON,
-			body: `{"tasks.max":2}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, "must be a JSON string", "a number"}, wantCalls: []string{}},
+		{name: "validate non-scalar value", method: "PUT", path: "/connector-plugins/sample.Source/config/validate", contentType: appJSON,
+			body: `{"tasks.max":{"n":2}}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, "must be a JSON string", "an object"}, wantCalls: []string{}},
+		{name: "validate array value", method: "PUT", path: "/connector-plugins/sample.Source/config/validate", contentType: appJSON,
+			body: `{"topics":["a","b"]}`, wantStatus: 400, wantMsg: []string{`"topics"`, "must be a JSON string", "an array"}, wantCalls: []string{}},
+		// Kafka's JSON binding coerces numbers and booleans into its
+		// string-to-string config maps; so do we, keeping the literal text.
+		{name: "create with number and boolean values", method: "POST", path: "/connectors", contentType: appJSON,
+			body: `{"name":"new","config":{"connector.class":"sample.Sink","tasks.max":2,"flag":true}}`, wantStatus: 201,
+			wantHeader: map[string]string{"Location": "/connectors/new"},
+			wantBody:   `{"name":"new","type":"sink","tasks":[{"connector":"new","task":0}],"config":{"connector.class":"sample.Sink","name":"new","tasks.max":"2","flag":"true"}}`,
+			wantCalls:  []string{"CreateConnector new RUNNING"}},
 		{name: "validate unknown plugin", method: "PUT", path: "/connector-plugins/nope/config/validate", contentType: appJSON, body: `{}`, wantStatus: 404},
 
 		// Creation and config changes.
@@ -203,7 +212,7 @@ func TestEndpoints(t *testing.T) {
 		{name: "create empty body", method: "POST", path: "/connectors", contentType: appJSON, wantStatus: 400, wantMsg: []string{"empty"}, wantCalls: []string{}},
 		{name: "create not an object", method: "POST", path: "/connectors", contentType: appJSON, body: `["new"]`, wantStatus: 400, wantMsg: []string{"JSON object", "an array"}},
 		{name: "create bad fields all named", method: "POST", path: "/connectors", contentType: appJSON,
-			body: `{"name":"a/b","config":{"tasks.max":2,"flag":true,"ok":"x"},"initial_state":"GONE","configs":{}}`, wantStatus: 400,
+			body: `{"name":"a/b","config":{"tasks.max":[2],"flag":{},"ok":"x"},"initial_state":"GONE","configs":{}}`, wantStatus: 400,
 			wantMsg:   []string{"'/'", `"tasks.max"`, `"flag"`, `"GONE"`, `unknown field "configs"`},
 			wantCalls: []string{}},
 		{name: "create missing name and config", method: "POST", path: "/connectors", contentType: appJSON, body: `{}`, wantStatus: 400,
@@ -221,7 +230,7 @@ func TestEndpoints(t *testing.T) {
 		{name: "put config name mismatch", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"connector.class":"sample.Source","name":"other"}`, wantStatus: 400, wantMsg: []string{"other", "src"}, wantCalls: []string{}},
 		{name: "put config non-string", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
-			body: `{"connector.class":"sample.Source","tasks.max":3,"x":null}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, `"x"`, "null"}, wantCalls: []string{}},
+			body: `{"connector.class":"sample.Source","tasks.max":[3],"x":null}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, `"x"`, "null", "an array"}, wantCalls: []string{}},
 		{name: "put config with the POST body shape", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"name":"src","config":{"connector.class":"sample.Source"}}`, wantStatus: 400, wantMsg: []string{"config object itself", "POST /connectors"}, wantCalls: []string{}},
 		{name: "body too large", method: "PUT", path: "/connectors/src/config", contentType: appJSON,
@@ -233,7 +242,7 @@ func TestEndpoints(t *testing.T) {
 			wantBody:  `{"name":"src","type":"source","tasks":[{"connector":"src","task":0},{"connector":"src","task":1}],"config":{"connector.class":"sample.Source","tasks.max":"2","topic":"t5","name":"src","db.password":"[hidden]"}}`,
 			wantCalls: []string{"PatchConnectorConfig src [db.url topic]"}},
 		{name: "patch config wrong type", method: "PATCH", path: "/connectors/src/config", contentType: appJSON,
-			body: `{"tasks.max":3}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`}, wantCalls: []string{}},
+			body: `{"tasks.max":{"n":3}}`, wantStatus: 400, wantMsg: []string{`"tasks.max"`, "an object"}, wantCalls: []string{}},
 		{name: "patch config renames", method: "PATCH", path: "/connectors/src/config", contentType: appJSON,
 			body: `{"name":"other"}`, wantStatus: 400, wantMsg: []string{"name"}, wantCalls: []string{}},
 
