@@ -12,7 +12,8 @@ RUN go mod download
 COPY . .
 # .git is not in the build context (.dockerignore): pass the version in.
 ARG VERSION=dev
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=${VERSION}" -o /out/tidyconnect ./cmd/tidyconnect
+ARG COMMIT=unknown
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=${VERSION} -X github.com/tidyconnect/tidyconnect/runtime/version.Commit=${COMMIT}" -o /out/tidyconnect ./cmd/tidyconnect
 
 # Alpine rather than scratch: the healthcheck needs wget, and operators want a
 # shell for `docker compose exec`. The binary itself needs nothing from it.

@@ -1,7 +1,8 @@
 GO ?= go
 BIN := bin/tidyconnect
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=$(VERSION)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=$(VERSION) -X github.com/tidyconnect/tidyconnect/runtime/version.Commit=$(COMMIT)
 
 .PHONY: build test fmt-check vet unit bench run up demo clean
 

@@ -513,7 +513,7 @@ func readLogicalLines(t *testing.T, path string) []string {
 var makeVar = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)\s*(?::=|\?=|=)\s*(.*)$`)
 
 // makeBuildCommand returns the recipe of the Makefile's build target with
-// its variables expanded, except GO and VERSION, which vary by design.
+// its variables expanded, except GO, VERSION and COMMIT, which vary by design.
 func makeBuildCommand(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot, "Makefile"))
@@ -550,6 +550,8 @@ func makeBuildCommand(t *testing.T) string {
 				return "go"
 			case "VERSION":
 				return "<VERSION>"
+			case "COMMIT":
+				return "<COMMIT>"
 			}
 			return vars[name]
 		})
@@ -561,6 +563,7 @@ func makeBuildCommand(t *testing.T) string {
 // environment (sorted), tool, flags and packages, without the output path.
 func normalizeBuild(cmd string) []string {
 	cmd = regexp.MustCompile(`\$\{?VERSION\}?`).ReplaceAllString(cmd, "<VERSION>")
+	cmd = regexp.MustCompile(`\$\{?COMMIT\}?`).ReplaceAllString(cmd, "<COMMIT>")
 	words := shellWords(cmd)
 	var envs, rest []string
 	i := 0
