@@ -187,7 +187,7 @@ func TestBinarySIGTERMExitsCleanly(t *testing.T) {
 func TestBinaryBadInputExitsWith2(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.json")
-	if err := os.WriteFile(bad, []byte(`{"name":"c","config":{"tasks.max":1}}`), 0o644); err != nil {
+	if err := os.WriteFile(bad, []byte(`{"name":"c","config":{"tasks.max":[1]}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
