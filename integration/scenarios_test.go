@@ -249,36 +249,20 @@ func TestChainSurvivesPauseStopRestartAndWorkerRestart(t *testing.T) {
 
 // TestChainSIGKILLLosesNothing: a worker killed with SIGKILL in the middle of
 // a stream loses nothing after a restart; duplicates are allowed and counted.
-func TestChainSIGKILLLosesNothing(t *testing.T) {
-	c := newChain(t)
+func TestChainSIGKILLLosesNothing(t *testing.T) { sigkillLosesNothing(t, false) }
+
+// TestEmbeddedBrokerSIGKILLLosesNothing: the same crash with Kafka inside
+// the worker (standalone without --bootstrap-servers, i.e. `make run`): the
+// broker dies with the worker, and what it acknowledged must survive.
+func TestEmbeddedBrokerSIGKILLLosesNothing(t *testing.T) { sigkillLosesNothing(t, true) }
+
+func sigkillLosesNothing(t *testing.T, embedded bool) {
+	c := newChain(t, embedded)
 	c.deploy()
 	col := c.collect(c.queue("customers"))
 	s := c.startStream(5 * time.Millisecond)
 	s.awaitMore(50)
 	// Kill once messages are flowing, so batches are in flight.
-	if !eventually(60*time.Second, func() bool { msgs, _ := col.snapshot(); return len(msgs) >= 20 }) {
-		t.Fatal("no messages arrived before the kill")
-	}
-	c.w.kill()
-	s.awaitMore(50)
-	c.w.restart()
-	c.api.awaitRunning(c.src)
-	c.api.awaitRunning(c.sink)
-	s.awaitMore(50)
-	expected := s.end()
-	v := awaitDelivery(col, expected, 90*time.Second)
-	c.report(v, true)
-}
-
-// TestEmbeddedBrokerSIGKILLLosesNothing: the same crash with Kafka inside
-// the worker (standalone without --bootstrap-servers, i.e. `make run`): the
-// broker dies with the worker, and what it acknowledged must survive.
-func TestEmbeddedBrokerSIGKILLLosesNothing(t *testing.T) {
-	c := newChain(t, true)
-	c.deploy()
-	col := c.collect(c.queue("customers"))
-	s := c.startStream(5 * time.Millisecond)
-	s.awaitMore(50)
 	if !eventually(60*time.Second, func() bool { msgs, _ := col.snapshot(); return len(msgs) >= 20 }) {
 		t.Fatal("no messages arrived before the kill")
 	}

@@ -2,9 +2,9 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"net"
 	"net/http"
 	"os"
@@ -69,26 +69,9 @@ func freePort(tb testing.TB) string {
 type proc struct {
 	cmd    *exec.Cmd
 	addr   string
-	out    *syncBuffer
+	out    *testenv.SyncBuffer
 	exited chan struct{}
 	err    error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startProc starts the binary with an embedded broker on a free port and
@@ -97,7 +80,7 @@ func (s *syncBuffer) String() string {
 func startProc(tb testing.TB, dataDir string, extra ...string) (*proc, time.Duration) {
 	tb.Helper()
 	bin := binary(tb)
-	p := &proc{addr: freePort(tb), out: &syncBuffer{}, exited: make(chan struct{})}
+	p := &proc{addr: freePort(tb), out: &testenv.SyncBuffer{}, exited: make(chan struct{})}
 	args := append([]string{"standalone", "--rest-addr", p.addr, "--data-dir", dataDir, "--embedded-kafka-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = []string{"HOME=" + dataDir, "PATH=" + os.Getenv("PATH")}

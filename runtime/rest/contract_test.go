@@ -17,6 +17,7 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
 
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/rest"
 )
 
@@ -73,32 +74,15 @@ func (r response) json(t *testing.T, v any) {
 type harness struct {
 	t       *testing.T
 	handler http.Handler
-	logs    *syncBuffer
+	logs    *testenv.SyncBuffer
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func newHarness(t *testing.T, h http.Handler, logs *syncBuffer) *harness {
+func newHarness(t *testing.T, h http.Handler, logs *testenv.SyncBuffer) *harness {
 	return &harness{t: t, handler: h, logs: logs}
 }
 
 func newFakeHarness(t *testing.T, f *fakeHerder, opts ...rest.Option) *harness {
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	opts = append([]rest.Option{rest.WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))}, opts...)
 	return newHarness(t, rest.New(f, opts...), logs)
 }

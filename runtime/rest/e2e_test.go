@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
@@ -40,7 +41,7 @@ func newE2E(t *testing.T) *e2e {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
 	"github.com/tidyconnect/tidyconnect/runtime/rest"
@@ -433,7 +434,7 @@ func TestStatesStayInKafkaEnums(t *testing.T) {
 				api := &statusOnly{st: herder.ConnectorStatus{Name: "c", Type: "weird",
 					Connector: worker.Status{State: cs, WorkerID: "w"},
 					Tasks:     []herder.TaskStatus{{ID: 0, Status: worker.Status{State: ts, WorkerID: "w", Abandoned: true}}}}}
-				h := newHarness(t, rest.New(api), &syncBuffer{})
+				h := newHarness(t, rest.New(api), &testenv.SyncBuffer{})
 				res := h.do("GET", "/connectors/c/status", "", "")
 				if res.Status != 200 {
 					t.Fatalf("status %d %s", res.Status, res.Body)
@@ -456,7 +457,7 @@ func TestStatesStayInKafkaEnums(t *testing.T) {
 
 // A panicking herder call answers a JSON 500 and is logged.
 func TestPanicBecomes500(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	api := &statusOnly{} // every method but ConnectorStatus panics (nil embedded API)
 	h := newHarness(t, rest.New(api, rest.WithLogger(slog.New(slog.NewJSONHandler(logs, nil)))), logs)
 	res := h.do("GET", "/connectors/c/config", "", "")
