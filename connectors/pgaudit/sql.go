@@ -15,7 +15,23 @@ import (
 type sqlVars struct {
 	Schema, Table, Wakeup, Function, Body, Channel, Marker string
 	Captured, Trigger                                      string
+	// Compression is the audit images' column compression clause
+	// (" COMPRESSION lz4" where the server has lz4, else empty).
+	Compression string
+	// Single and Chunk shape the audit rows: the first Single changes of a
+	// statement get a row each, the rest Chunk per row.
+	Single, Chunk int
 }
+
+// The capture function writes the first singleChanges changed rows of a
+// statement as one audit row each and groups the rest, chunkChanges per
+// audit row. A change's seq is its audit row id * seqPerRow + its index in
+// the row, so chunkChanges must not exceed seqPerRow.
+const (
+	singleChanges = 64
+	chunkChanges  = 1000
+	seqPerRow     = 1000
+)
 
 var (
 	tmplOnce sync.Once
@@ -79,5 +95,7 @@ func (n names) vars(auditSchema string) sqlVars {
 		Function: pgx.Identifier{auditSchema, n.function}.Sanitize(),
 		Channel:  quoteLiteral(n.channel),
 		Marker:   quoteLiteral(n.marker),
+		Single:   singleChanges,
+		Chunk:    chunkChanges,
 	}
 }

@@ -57,6 +57,7 @@ type Task struct {
 	selectSQL      [3]string // by readKind
 	deleteSQL      string
 	deleteRangeSQL string
+	progressSQL    string
 	markSQL        string
 	unmarkSQL      string
 
@@ -67,8 +68,10 @@ type Task struct {
 	idleStep   time.Duration
 	emptyReads int // reads that found nothing since the last change
 
-	inflight      map[int64]struct{} // polled, neither deleted nor pending
-	pendingDelete []int64            // acknowledged, DELETE not yet done
+	inflight        map[int64]*inflightRow // polled, neither deleted nor pending
+	buffered        []connect.SourceRecord // read and decoded, not yet returned by Poll
+	pendingDelete   []int64                // acknowledged, DELETE not yet done
+	pendingProgress map[int64]int          // partly acknowledged rows: delivered count not yet written
 	backoff       time.Duration
 	closeOnce     sync.Once
 }
@@ -77,11 +80,27 @@ var _ connect.SourceTask = (*Task)(nil)
 
 // tableMeta is what records of one table share.
 type tableMeta struct {
+	table     string // quoted, for messages
 	topic     string
 	partition map[string]any
 	source    []byte   // `{"connector":..,"db":..,"schema":..,"table":..,`
 	pkJSON    [][]byte // quoted primary-key column names; nil: no key
 	pkCols    []string
+
+	// rowType and arrayType are the OIDs of the table's row type and its
+	// array type (0 when the table is gone); columns its live columns. The
+	// task decodes row images with them.
+	rowType, arrayType uint32
+	columns            []column
+}
+
+// inflightRow is an audit row whose changes were polled and not all
+// acknowledged yet.
+type inflightRow struct {
+	changes   int    // changes in the row
+	delivered int    // leading changes Kafka acknowledged (or had before this read)
+	written   int    // delivered as last written to the row
+	acked     []bool // by index, beyond delivered; nil for a one-change row
 }
 
 // Start connects (a small pool and a LISTEN connection, both named by
@@ -121,13 +140,17 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 		t.tables = ts
 	}
 	t.all = len(t.tables) == len(s.tables)
-	t.inflight = map[int64]struct{}{}
+	t.inflight = map[int64]*inflightRow{}
+	t.pendingProgress = map[int64]int{}
 
 	pc, err := pgxpool.ParseConfig(s.url)
 	if err != nil {
 		return fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(s.url), KeyURL)
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = ApplicationName(s.name, fmt.Sprintf("task-%d", t.host.Task))
+	// The task's session renders the row images as JSON: timestamptz values
+	// come out in UTC, whatever the writers' TimeZone was.
+	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
 		pc.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
@@ -137,13 +160,18 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	if err != nil {
 		return fmt.Errorf("creating the connection pool for %s: %w", connect.MaskCredentials(s.url), err)
 	}
-	if err := t.loadMeta(ctx); err != nil {
+	if err := t.pool.QueryRow(ctx, `SELECT current_database()::text`).Scan(&t.db); err != nil {
+		return fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(t.s.url), KeyURL, err)
+	}
+	t.meta = map[tableName]*tableMeta{}
+	if err := t.loadMeta(ctx, t.tables); err != nil {
 		return err
 	}
 	at := pgx.Identifier{s.auditSchema, t.n.table}.Sanitize()
 	t.selectSQL = readQueries(at, t.all)
 	t.deleteSQL = `DELETE FROM ` + at + ` WHERE id = ANY($1::bigint[])`
 	t.deleteRangeSQL = `DELETE FROM ` + at + ` WHERE id BETWEEN $1 AND $2`
+	t.progressSQL = `UPDATE ` + at + ` AS a SET delivered = v.n FROM unnest($1::bigint[], $2::int[]) AS v(id, n) WHERE a.id = v.id`
 	wt := pgx.Identifier{s.auditSchema, t.n.wakeup}.Sanitize()
 	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
 	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
@@ -154,44 +182,57 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	return nil
 }
 
-func (t *Task) loadMeta(ctx context.Context) error {
-	schemas := make([]string, len(t.tables))
-	names := make([]string, len(t.tables))
-	for i, tb := range t.tables {
+// loadMeta (re)reads what decoding and keying the tables' changes needs:
+// primary key, row type and live columns.
+func (t *Task) loadMeta(ctx context.Context, tables []tableName) error {
+	schemas := make([]string, len(tables))
+	names := make([]string, len(tables))
+	for i, tb := range tables {
 		schemas[i], names[i] = tb.Schema, tb.Name
-	}
-	if err := t.pool.QueryRow(ctx, `SELECT current_database()::text`).Scan(&t.db); err != nil {
-		return fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(t.s.url), KeyURL, err)
 	}
 	rows, err := t.pool.Query(ctx, `
 SELECT x.s, x.n, coalesce((
   SELECT array_agg(a.attname::text ORDER BY k.ord)
-  FROM pg_catalog.pg_namespace ns
-  JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n
-  JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indisprimary
+  FROM pg_catalog.pg_index i
   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
   JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-  WHERE ns.nspname = x.s), '{}')
-FROM unnest($1::text[], $2::text[]) AS x(s, n)`, schemas, names)
+  WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
+  coalesce(c.reltype, 0)::int8, coalesce(ty.typarray, 0)::int8,
+  coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+  coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
+FROM unnest($1::text[], $2::text[]) AS x(s, n)
+LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n
+LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names)
 	if err != nil {
-		return fmt.Errorf("reading the primary keys of the captured tables: %w", err)
+		return fmt.Errorf("reading the primary keys and columns of the captured tables: %w", err)
 	}
-	t.meta = map[tableName]*tableMeta{}
+	defer rows.Close()
 	for rows.Next() {
-		var tb tableName
-		var pk []string
-		if err := rows.Scan(&tb.Schema, &tb.Name, &pk); err != nil {
-			rows.Close()
+		var (
+			tb                 tableName
+			pk, colNames       []string
+			rowType, arrayType int64
+			colTypes           []int64
+		)
+		if err := rows.Scan(&tb.Schema, &tb.Name, &pk, &rowType, &arrayType, &colNames, &colTypes); err != nil {
 			return err
 		}
-		t.meta[tb] = t.newMeta(tb, pk)
+		m := t.newMeta(tb, pk)
+		m.rowType, m.arrayType = uint32(rowType), uint32(arrayType)
+		for i, n := range colNames {
+			m.columns = append(m.columns, column{name: n, oid: uint32(colTypes[i])})
+		}
+		t.meta[tb] = m
 	}
-	rows.Close()
 	return rows.Err()
 }
 
 func (t *Task) newMeta(tb tableName, pk []string) *tableMeta {
 	m := &tableMeta{
+		table:     tb.quoted(),
 		topic:     topicName(t.s.topicPrefix, tb),
 		partition: map[string]any{"schema": tb.Schema, "table": tb.Name},
 		pkCols:    pk,
@@ -348,13 +389,17 @@ func (t *Task) wait(ctx context.Context, deadline time.Time) {
 }
 
 func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
-	if len(t.pendingDelete) > 0 {
-		if _, err := t.deleteIDs(ctx, t.pendingDelete); err != nil {
-			return nil, err
-		}
-		t.pendingDelete = nil
+	if err := t.flushPending(ctx); err != nil {
+		return nil, err
 	}
-	if len(t.inflight) >= maxInflightBatches*t.s.pollMax {
+	if len(t.buffered) > 0 {
+		return t.takeBuffered(), nil
+	}
+	open := 0
+	for _, r := range t.inflight {
+		open += r.changes - r.delivered
+	}
+	if open >= maxInflightBatches*t.s.pollMax {
 		// Commit runs between Polls: return so the runtime can call it.
 		_ = sleepCtx(ctx, 5*time.Millisecond)
 		return []connect.SourceRecord{}, nil
@@ -368,7 +413,7 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		lo, hi := slices.Min(ids), slices.Max(ids)
 		kind, args = readAround, append(args, lo, hi)
 		if hi-lo+1 != int64(len(ids)) {
-			kind, args = readAroundGaps, append(args, multirange(t.inflight))
+			kind, args = readAroundGaps, append(args, multirange(ids))
 		}
 	}
 	if !t.all {
@@ -379,47 +424,194 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		args = append(args, schemas, names)
 	}
-	rows, err := t.pool.Query(ctx, t.selectSQL[kind], args...)
+	raws, err := t.read(ctx, t.selectSQL[kind], args)
+	if err != nil || len(raws) == 0 {
+		return nil, err
+	}
+	recs, err := t.records(ctx, raws)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range raws {
+		row := &inflightRow{changes: 1, delivered: r.delivered, written: r.delivered}
+		if r.changes > 0 {
+			row.changes = r.changes
+			row.acked = make([]bool, r.changes)
+		}
+		t.inflight[r.id] = row
+	}
+	t.buffered = recs
+	return t.takeBuffered(), nil
+}
+
+// takeBuffered returns the next batch of at most poll.max.records.
+func (t *Task) takeBuffered() []connect.SourceRecord {
+	n := min(len(t.buffered), t.s.pollMax)
+	batch := t.buffered[:n:n]
+	t.buffered = t.buffered[n:]
+	if len(t.buffered) == 0 {
+		t.buffered = nil
+	}
+	return batch
+}
+
+// auditRow is one row read from the audit table.
+type auditRow struct {
+	id, tsMS      int64
+	txid, op      string
+	table         tableName
+	changes       int // 0: one change with record images; else N grouped changes
+	delivered     int
+	before, after []byte
+}
+
+func (t *Task) read(ctx context.Context, sql string, args []any) ([]auditRow, error) {
+	rows, err := t.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var recs []connect.SourceRecord
+	var raws []auditRow
 	for rows.Next() {
 		var (
-			id, tsMS      int64
-			txid, op      string
-			schema, table string
-			before, after []byte
+			r                  auditRow
+			changes, delivered *int32
 		)
-		if err := rows.Scan(&id, &txid, &tsMS, &schema, &table, &op, &before, &after); err != nil {
+		if err := rows.Scan(&r.id, &r.txid, &r.tsMS, &r.table.Schema, &r.table.Name, &r.op, &changes, &delivered, &r.before, &r.after); err != nil {
 			return nil, err
 		}
-		tb := tableName{schema, table}
-		m := t.meta[tb]
-		if m == nil {
+		if changes != nil {
+			r.changes = int(*changes)
+		}
+		if delivered != nil {
+			r.delivered = int(*delivered)
+		}
+		raws = append(raws, r)
+	}
+	return raws, rows.Err()
+}
+
+// records turns audit rows into records, decoding their images table by
+// table with one statement each.
+func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRecord, error) {
+	type change struct {
+		row           *auditRow
+		idx           int
+		before, after int // index into the table's images; -1: none
+	}
+	images := map[tableName][][]byte{}
+	addImage := func(tb tableName, img []byte) int {
+		if img == nil {
+			return -1
+		}
+		images[tb] = append(images[tb], img)
+		return len(images[tb]) - 1
+	}
+	var (
+		changes []change
+		missing []tableName
+	)
+	for i := range raws {
+		r := &raws[i]
+		if _, ok := t.meta[r.table]; !ok && !slices.Contains(missing, r.table) {
 			// A table added by a reconfiguration this task was not told
-			// about yet: its meta is built on first sight.
-			m = t.newMeta(tb, nil)
-			t.meta[tb] = m
+			// about yet.
+			missing = append(missing, r.table)
+		}
+		if r.changes == 0 {
+			changes = append(changes, change{r, 0, addImage(r.table, r.before), addImage(r.table, r.after)})
+			continue
+		}
+		var befores, afters [][]byte
+		var err error
+		if r.before != nil {
+			if befores, err = arrayElements(r.before); err != nil {
+				return nil, fmt.Errorf("audit row %d: before images: %w", r.id, err)
+			}
+		}
+		if r.after != nil {
+			if afters, err = arrayElements(r.after); err != nil {
+				return nil, fmt.Errorf("audit row %d: after images: %w", r.id, err)
+			}
+		}
+		if (r.before != nil && len(befores) != r.changes) || (r.after != nil && len(afters) != r.changes) {
+			return nil, fmt.Errorf("audit row %d holds %d changes but %d before and %d after images", r.id, r.changes, len(befores), len(afters))
+		}
+		for k := r.delivered; k < r.changes; k++ {
+			c := change{r, k, -1, -1}
+			if befores != nil {
+				c.before = addImage(r.table, befores[k])
+			}
+			if afters != nil {
+				c.after = addImage(r.table, afters[k])
+			}
+			changes = append(changes, c)
+		}
+	}
+	if len(missing) > 0 {
+		if err := t.loadMeta(ctx, missing); err != nil {
+			return nil, err
+		}
+	}
+	decoded := make(map[tableName][][]byte, len(images))
+	if len(images) > 0 {
+		conn, err := t.pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Release()
+		for tb, imgs := range images {
+			jsons, err := t.decode(ctx, conn.Conn().PgConn(), tb, imgs)
+			if err != nil {
+				return nil, err
+			}
+			decoded[tb] = jsons
+		}
+	}
+	recs := make([]connect.SourceRecord, 0, len(changes))
+	for _, c := range changes {
+		r := c.row
+		m := t.meta[r.table]
+		var before, after []byte
+		if c.before >= 0 {
+			before = decoded[r.table][c.before]
+		}
+		if c.after >= 0 {
+			after = decoded[r.table][c.after]
 		}
 		recs = append(recs, connect.SourceRecord{
 			SourcePartition: m.partition,
-			SourceOffset:    map[string]any{"id": id, "txid": txid},
+			SourceOffset:    map[string]any{"id": r.id, "idx": c.idx, "txid": r.txid},
 			Topic:           m.topic,
 			Partition:       -1,
-			Key:             m.key(op, before, after),
-			Value:           m.envelope(op, before, after, txid, id, tsMS),
-			Timestamp:       time.UnixMilli(tsMS),
+			Key:             m.key(r.op, before, after),
+			Value:           m.envelope(r.op, before, after, r.txid, r.id*seqPerRow+int64(c.idx), r.tsMS),
+			Timestamp:       time.UnixMilli(r.tsMS),
 		})
 	}
-	if err := rows.Err(); err != nil {
+	return recs, nil
+}
+
+// decode turns one table's row images into JSON. Images PostgreSQL no
+// longer accepts as the table's row type were written before a column
+// change: the table's columns are read again and the images decoded with
+// them, column by column if still needed.
+func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb tableName, imgs [][]byte) ([][]byte, error) {
+	m := t.meta[tb]
+	out, err := decodeRowType(ctx, conn, m, imgs)
+	if err == nil || !shapeChanged(err) {
+		return out, err
+	}
+	if err := t.loadMeta(ctx, []tableName{tb}); err != nil {
 		return nil, err
 	}
-	for _, r := range recs {
-		t.inflight[r.SourceOffset["id"].(int64)] = struct{}{}
+	m = t.meta[tb]
+	if out, err = decodeRowType(ctx, conn, m, imgs); err == nil || !shapeChanged(err) {
+		return out, err
 	}
-	return recs, nil
+	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns are named by position where the current column has the same type, else _column_<n>",
+		"table", m.table, "changes", len(imgs), "reason", err)
+	return decodeByColumns(ctx, conn, m, imgs)
 }
 
 // Read queries, by what is in flight (polled, not yet deleted).
@@ -435,7 +627,7 @@ const (
 // everything delivered below them is deleted), above them, and between
 // them only when the in-flight ids have gaps a late commit could fill.
 func readQueries(auditTable string, all bool) [3]string {
-	const cols = `id, txid::text, (extract(epoch FROM ts) * 1000)::bigint, schema_name, table_name, op::text, before::text, after::text`
+	const cols = `id, txid::text AS txid, (extract(epoch FROM ts) * 1000)::bigint AS ts_ms, schema_name, table_name, op::text AS op, changes, delivered, before, after`
 	filter := func(first int) string {
 		if all {
 			return ""
@@ -445,22 +637,26 @@ func readQueries(auditTable string, all bool) [3]string {
 	part := func(cond string, f int) string {
 		return `(SELECT ` + cols + ` FROM ` + auditTable + ` WHERE ` + cond + filter(f) + ` ORDER BY id LIMIT $1)`
 	}
+	// At most $1 rows, and of those only as many as hold about $1
+	// undelivered changes: a grouped row holds up to chunkChanges.
+	budget := func(q string) string {
+		return `SELECT id, txid, ts_ms, schema_name, table_name, op, changes, delivered, before, after FROM (
+  SELECT q.*, sum(coalesce(q.changes, 1) - q.delivered) OVER (ORDER BY q.id) AS upto FROM (` + q + `) q) w
+WHERE w.upto - (coalesce(w.changes, 1) - w.delivered) < $1 ORDER BY w.id`
+	}
 	return [3]string{
-		readAll:    `SELECT ` + cols + ` FROM ` + auditTable + ` WHERE TRUE` + filter(2) + ` ORDER BY id LIMIT $1`,
-		readAround: part(`id < $2`, 4) + ` UNION ALL ` + part(`id > $3`, 4) + ` ORDER BY 1 LIMIT $1`,
+		readAll:    budget(`SELECT ` + cols + ` FROM ` + auditTable + ` WHERE TRUE` + filter(2) + ` ORDER BY id LIMIT $1`),
+		readAround: budget(part(`id < $2`, 4) + ` UNION ALL ` + part(`id > $3`, 4) + ` ORDER BY 1 LIMIT $1`),
 		// The sub-select makes the multirange an InitPlan, parsed once.
-		readAroundGaps: part(`id < $2`, 5) + ` UNION ALL ` +
+		readAroundGaps: budget(part(`id < $2`, 5) + ` UNION ALL ` +
 			part(`id > $2 AND id < $3 AND NOT ((SELECT $4::text::int8multirange) @> id)`, 5) + ` UNION ALL ` +
-			part(`id > $3`, 5) + ` ORDER BY 1 LIMIT $1`,
+			part(`id > $3`, 5) + ` ORDER BY 1 LIMIT $1`),
 	}
 }
 
 // multirange renders ids as an int8multirange literal of consecutive runs.
-func multirange(set map[int64]struct{}) string {
-	ids := make([]int64, 0, len(set))
-	for id := range set {
-		ids = append(ids, id)
-	}
+func multirange(ids []int64) string {
+	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	var b strings.Builder
 	b.WriteByte('{')
@@ -479,42 +675,100 @@ func multirange(set map[int64]struct{}) string {
 	return b.String()
 }
 
-// Commit deletes the acknowledged rows. A lost connection keeps them for
-// the next Poll (still excluded from reads, so they are not sent twice).
+// Commit deletes the rows whose changes are all acknowledged and records
+// how far partly acknowledged rows got, so a restart resumes inside them. A
+// lost connection keeps both for the next Poll (the rows stay excluded from
+// reads, so nothing is sent twice meanwhile).
 func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 	if len(acked) == 0 {
 		return nil
 	}
-	ids := make([]int64, 0, len(acked))
+	touched := map[int64]*inflightRow{}
 	for _, r := range acked {
-		switch id := r.SourceOffset["id"].(type) {
-		case int64:
-			ids = append(ids, id)
-		case float64:
-			ids = append(ids, int64(id))
-		case json.Number:
-			n, _ := id.Int64()
-			ids = append(ids, n)
+		id, idx := offsetInt(r.SourceOffset["id"]), int(offsetInt(r.SourceOffset["idx"]))
+		row := t.inflight[id]
+		if row == nil {
+			continue
+		}
+		if row.acked == nil {
+			row.delivered = row.changes
+		} else if idx >= 0 && idx < len(row.acked) {
+			row.acked[idx] = true
+			for row.delivered < row.changes && row.acked[row.delivered] {
+				row.delivered++
+			}
+		}
+		touched[id] = row
+	}
+	var done []int64
+	for id, row := range touched {
+		switch {
+		case row.delivered == row.changes:
+			done = append(done, id)
+			delete(t.inflight, id)
+			delete(t.pendingProgress, id)
+		case row.delivered > row.written:
+			t.pendingProgress[id] = row.delivered
 		}
 	}
-	for _, id := range ids {
-		delete(t.inflight, id)
-	}
-	if _, err := t.deleteIDs(ctx, ids); err != nil {
+	t.pendingDelete = append(t.pendingDelete, done...)
+	if err := t.flushPending(ctx); err != nil {
 		if ctx.Err() != nil {
-			// Stopping: the next instance's reads skip nothing, and these
-			// rows are delivered again (at-least-once).
-			t.pendingDelete = append(t.pendingDelete, ids...)
+			// Stopping: the next instance reads these rows again and
+			// delivers their changes again (at-least-once).
 			return nil
 		}
 		if !transient(err) {
-			t.pendingDelete = append(t.pendingDelete, ids...)
-			return fmt.Errorf("deleting %d delivered rows from the audit table %s.%s: %w", len(ids), t.s.auditSchema, t.n.table, err)
+			return fmt.Errorf("recording delivered changes in the audit table %s.%s: %w", t.s.auditSchema, t.n.table, err)
 		}
-		t.pendingDelete = append(t.pendingDelete, ids...)
-		t.host.Logger.Warn("deleting delivered rows failed; retrying on the next poll (they are not sent again meanwhile)", "error", err, "rows", len(ids))
+		t.host.Logger.Warn("recording delivered changes failed; retrying on the next poll (they are not sent again meanwhile)", "error", err, "rows", len(done))
 	}
 	return nil
+}
+
+// flushPending deletes the fully delivered rows and writes the progress of
+// partly delivered ones; what fails stays pending.
+func (t *Task) flushPending(ctx context.Context) error {
+	if len(t.pendingDelete) > 0 {
+		if _, err := t.deleteIDs(ctx, t.pendingDelete); err != nil {
+			return err
+		}
+		t.pendingDelete = nil
+	}
+	if len(t.pendingProgress) > 0 {
+		ids := make([]int64, 0, len(t.pendingProgress))
+		counts := make([]int32, 0, len(t.pendingProgress))
+		for id, n := range t.pendingProgress {
+			ids = append(ids, id)
+			counts = append(counts, int32(n))
+		}
+		if _, err := t.pool.Exec(ctx, t.progressSQL, ids, counts); err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if row := t.inflight[id]; row != nil {
+				row.written = int(counts[i])
+			}
+		}
+		clear(t.pendingProgress)
+	}
+	return nil
+}
+
+// offsetInt reads an integer of a source offset, however it was decoded.
+func offsetInt(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case int:
+		return int64(n)
+	case float64:
+		return int64(n)
+	case json.Number:
+		i, _ := n.Int64()
+		return i
+	}
+	return 0
 }
 
 // deleteIDs deletes delivered rows: one index range scan when the ids are

@@ -103,11 +103,7 @@ func TestTopicName(t *testing.T) {
 }
 
 func TestMultirange(t *testing.T) {
-	set := map[int64]struct{}{}
-	for _, id := range []int64{7, 3, 4, 5, 10, 11, 1} {
-		set[id] = struct{}{}
-	}
-	if got, want := multirange(set), "{[1,1],[3,5],[7,7],[10,11]}"; got != want {
+	if got, want := multirange([]int64{7, 3, 4, 5, 10, 11, 1}), "{[1,1],[3,5],[7,7],[10,11]}"; got != want {
 		t.Errorf("multirange = %s, want %s", got, want)
 	}
 }

@@ -1,25 +1,75 @@
 DECLARE
-    v_txid xid8 := pg_catalog.pg_current_xact_id();
-    v_rows bigint := 0;
+    v_txid     xid8 := pg_catalog.pg_current_xact_id();
+    v_rows     bigint := 0;
+    v_work_mem text;
 BEGIN
+    -- The first {{.Single}} changed rows of a statement get one audit row
+    -- each (the cheapest shape for the many single-row statements); only a
+    -- statement that changed more pays for grouping the rest, {{.Chunk}} rows
+    -- per audit row, which is what keeps bulk statements cheap. Groups are
+    -- arrays of record_send images (bytea[]): n.* rather than n names the
+    -- whole row even when the table has a column called n.
     IF TG_OP = 'INSERT' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'c', pg_catalog.to_json(n.*)
-        FROM tidyconnect_new n;
+        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'c', pg_catalog.record_send(n.*)
+        FROM tidyconnect_new n LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows = {{.Single}} THEN
+            -- Grouping holds the whole rest in a hash table: spilling it to
+            -- disk would cost more than the grouping saves.
+            v_work_mem := pg_catalog.current_setting('work_mem');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, after)
+            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'c', pg_catalog.count(*),
+                   pg_catalog.array_send(pg_catalog.array_agg(g.r))
+            FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
+            WHERE g.rn > {{.Single}}
+            GROUP BY (g.rn - {{.Single}} - 1) / {{.Chunk}}
+            ORDER BY (g.rn - {{.Single}} - 1) / {{.Chunk}};
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+        END IF;
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', o.j, n.j
-        FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.to_json(o.*) AS j FROM tidyconnect_old o) o
-        JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.to_json(n.*) AS j FROM tidyconnect_new n) n
+        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', o.img, n.img
+        FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS img FROM tidyconnect_old o LIMIT {{.Single}}) o
+        JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS img FROM tidyconnect_new n LIMIT {{.Single}}) n
           ON o.rn = n.rn
         ORDER BY o.rn;
         GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows = {{.Single}} THEN
+            v_work_mem := pg_catalog.current_setting('work_mem');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, before, after)
+            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', o.cnt, o.img, n.img
+            FROM (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
+                         pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
+                  FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
+                  WHERE g.rn > {{.Single}} GROUP BY 1) o
+            JOIN (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk,
+                         pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
+                  FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
+                  WHERE g.rn > {{.Single}} GROUP BY 1) n
+              ON o.chunk = n.chunk
+            ORDER BY o.chunk;
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+        END IF;
     ELSIF TG_OP = 'DELETE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'd', pg_catalog.to_json(o.*)
-        FROM tidyconnect_old o;
+        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'd', pg_catalog.record_send(o.*)
+        FROM tidyconnect_old o LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
+        IF v_rows = {{.Single}} THEN
+            v_work_mem := pg_catalog.current_setting('work_mem');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, before)
+            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'd', pg_catalog.count(*),
+                   pg_catalog.array_send(pg_catalog.array_agg(g.r))
+            FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
+            WHERE g.rn > {{.Single}}
+            GROUP BY (g.rn - {{.Single}} - 1) / {{.Chunk}}
+            ORDER BY (g.rn - {{.Single}} - 1) / {{.Chunk}};
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+        END IF;
     ELSIF TG_OP = 'TRUNCATE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op)
         VALUES (v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 't');

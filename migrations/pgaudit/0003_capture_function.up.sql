@@ -3,6 +3,8 @@
 -- tidyconnect_old / tidyconnect_new (see docs/decisions/0040). UPDATE pairs
 -- old and new images by their position in the transition tables, which
 -- PostgreSQL fills in step (one old and one new tuple per updated row).
+-- Images are binary (record_send / array_send) and bulk statements are
+-- grouped into few audit rows (docs/decisions/0044).
 -- SECURITY DEFINER so that writers of the captured tables need no privilege
 -- on the audit table; the fixed search_path keeps that safe.
 CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger

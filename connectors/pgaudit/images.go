@@ -1,0 +1,205 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Row images are stored in PostgreSQL's binary formats (record_send for one
+// row, array_send for a group of rows) and turned into JSON by PostgreSQL
+// itself when the task reads them: the task sends them back as a binary
+// parameter of the table's row type and selects to_json of each element
+// (docs/decisions/0044). The writer never pays for JSON, and the JSON is
+// exactly to_json's.
+
+// arrayElements splits a one-dimensional array_send image into its
+// elements' binary images.
+func arrayElements(b []byte) ([][]byte, error) {
+	if len(b) < 12 {
+		return nil, fmt.Errorf("array image of %d bytes is too short", len(b))
+	}
+	ndim := int32(binary.BigEndian.Uint32(b))
+	if ndim == 0 {
+		return nil, nil
+	}
+	if ndim != 1 || len(b) < 20 {
+		return nil, fmt.Errorf("array image has %d dimensions, want 1", ndim)
+	}
+	n := int(int32(binary.BigEndian.Uint32(b[12:])))
+	if n < 0 {
+		return nil, fmt.Errorf("array image has a negative length %d", n)
+	}
+	out := make([][]byte, 0, n)
+	p := 20
+	for range n {
+		if p+4 > len(b) {
+			return nil, errors.New("array image is truncated")
+		}
+		l := int(int32(binary.BigEndian.Uint32(b[p:])))
+		p += 4
+		if l < 0 {
+			return nil, errors.New("array image holds a NULL row")
+		}
+		if p+l > len(b) {
+			return nil, errors.New("array image is truncated")
+		}
+		out = append(out, b[p:p+l:p+l])
+		p += l
+	}
+	return out, nil
+}
+
+// appendArray appends the array_send form of a one-dimensional array of
+// the given element type.
+func appendArray(out []byte, elemType uint32, elems [][]byte) []byte {
+	out = binary.BigEndian.AppendUint32(out, 1) // dimensions
+	out = binary.BigEndian.AppendUint32(out, 0) // no NULLs
+	out = binary.BigEndian.AppendUint32(out, elemType)
+	out = binary.BigEndian.AppendUint32(out, uint32(len(elems)))
+	out = binary.BigEndian.AppendUint32(out, 1) // lower bound
+	for _, e := range elems {
+		out = binary.BigEndian.AppendUint32(out, uint32(len(e)))
+		out = append(out, e...)
+	}
+	return out
+}
+
+// recordColumn is one column of a record_send image: its type and its
+// binary value (nil for NULL).
+type recordColumn struct {
+	oid   uint32
+	value []byte
+}
+
+func recordColumns(b []byte) ([]recordColumn, error) {
+	if len(b) < 4 {
+		return nil, errors.New("record image is too short")
+	}
+	n := int(int32(binary.BigEndian.Uint32(b)))
+	if n < 0 {
+		return nil, fmt.Errorf("record image has a negative column count %d", n)
+	}
+	cols := make([]recordColumn, 0, n)
+	p := 4
+	for range n {
+		if p+8 > len(b) {
+			return nil, errors.New("record image is truncated")
+		}
+		c := recordColumn{oid: binary.BigEndian.Uint32(b[p:])}
+		l := int(int32(binary.BigEndian.Uint32(b[p+4:])))
+		p += 8
+		if l >= 0 {
+			if p+l > len(b) {
+				return nil, errors.New("record image is truncated")
+			}
+			c.value = b[p : p+l : p+l]
+			p += l
+		}
+		cols = append(cols, c)
+	}
+	return cols, nil
+}
+
+// column is a live column of a captured table, in attribute order.
+type column struct {
+	name string
+	oid  uint32
+}
+
+// decodeRowType returns to_json of each image, in order, decoding all of
+// them in one statement as an array of the table's current row type.
+// PostgreSQL refuses that (shapeChanged) when the table's columns changed
+// since the images were written or the table is gone.
+func decodeRowType(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
+	if m.arrayType == 0 {
+		return nil, &pgconn.PgError{Code: "42704", Message: "table " + m.table + " no longer exists"}
+	}
+	res := conn.ExecParams(ctx, `SELECT pg_catalog.to_json(x)::text FROM pg_catalog.unnest($1) AS x`,
+		[][]byte{appendArray(nil, m.rowType, imgs)}, []uint32{m.arrayType}, []int16{1}, []int16{0}).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	if len(res.Rows) != len(imgs) {
+		return nil, fmt.Errorf("decoding %d row images of %s returned %d rows", len(imgs), m.table, len(res.Rows))
+	}
+	out := make([][]byte, len(res.Rows))
+	for i, r := range res.Rows {
+		out[i] = r[0]
+	}
+	return out, nil
+}
+
+// decodeByColumns decodes each image on its own from the column types it
+// carries (see decodeByColumn).
+func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
+	out := make([][]byte, len(imgs))
+	for i, img := range imgs {
+		j, err := decodeByColumn(ctx, conn, m.columns, img)
+		if err != nil {
+			return nil, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)
+		}
+		out[i] = j
+	}
+	return out, nil
+}
+
+// shapeChanged reports the errors with which record_recv rejects an image
+// whose columns do not match the row type.
+func shapeChanged(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "42804", // datatype_mismatch: wrong number of columns, wrong data type
+		"22P03", // invalid_binary_representation
+		"42704": // undefined_object: the row type is gone
+		return true
+	}
+	return false
+}
+
+// decodeByColumn builds the JSON object of one record image from the
+// column types the image carries. Names come from the table's current
+// columns at the same position when the type there is the same (exact for
+// columns added since: they come last); any other column is named
+// "_column_<position>", and its value is still delivered.
+func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, img []byte) ([]byte, error) {
+	cols, err := recordColumns(img)
+	if err != nil {
+		return nil, err
+	}
+	var sql strings.Builder
+	sql.WriteString(`SELECT pg_catalog.json_build_object(`)
+	params := make([][]byte, 0, 2*len(cols))
+	oids := make([]uint32, 0, 2*len(cols))
+	formats := make([]int16, 0, 2*len(cols))
+	for i, c := range cols {
+		name := "_column_" + strconv.Itoa(i+1)
+		if i < len(current) && current[i].oid == c.oid {
+			name = current[i].name
+		}
+		if i > 0 {
+			sql.WriteByte(',')
+		}
+		fmt.Fprintf(&sql, "$%d::text, $%d", 2*i+1, 2*i+2)
+		params = append(params, []byte(name), c.value)
+		oids = append(oids, 25, c.oid) // text, the column's own type
+		formats = append(formats, 0, 1)
+	}
+	sql.WriteString(`)::text`)
+	res := conn.ExecParams(ctx, sql.String(), params, oids, formats, []int16{0}).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	if len(res.Rows) != 1 {
+		return nil, fmt.Errorf("decoding one row image returned %d rows", len(res.Rows))
+	}
+	return res.Rows[0][0], nil
+}
