@@ -72,8 +72,8 @@ type Task struct {
 	buffered        []connect.SourceRecord // read and decoded, not yet returned by Poll
 	pendingDelete   []int64                // acknowledged, DELETE not yet done
 	pendingProgress map[int64]int          // partly acknowledged rows: delivered count not yet written
-	backoff       time.Duration
-	closeOnce     sync.Once
+	backoff         time.Duration
+	closeOnce       sync.Once
 }
 
 var _ connect.SourceTask = (*Task)(nil)
