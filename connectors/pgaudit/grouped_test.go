@@ -1,0 +1,294 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+func num(t testing.TB, v any) int64 {
+	t.Helper()
+	n, ok := v.(json.Number)
+	if !ok {
+		t.Fatalf("%v (%T) is not a number", v, v)
+	}
+	i, err := n.Int64()
+	if err != nil {
+		t.Fatalf("%v: %v", v, err)
+	}
+	return i
+}
+
+// TestBulkStatementsGrouped: statements of 2600 rows are stored as 64
+// single-change audit rows plus groups of at most 1000, and come out as
+// 2600 changes each, in statement order, UPDATE images paired, exactly
+// once. Columns named n and o must not be mistaken for the transition
+// tables' whole rows.
+func TestBulkStatementsGrouped(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "bulk")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, n numeric(10,2), o text, ts timestamptz)`)
+	r := startConnector(t, baseConfig(testenv.Unique("bulk-"), url, auditSchemaFor(t, db), s+".bulk"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	const rows = 2600
+	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, g * 1.5, 'r' || g, '2026-01-02 03:04:05+00'::timestamptz + g * interval '1 second' FROM generate_series(1, %d) g`, tbl, rows))
+	// A whole-table UPDATE or DELETE visits the rows in physical order:
+	// that is the statement order the changes must keep.
+	physical := func() []int64 {
+		var ids []int64
+		rows, err := db.Query(testCtx(t), `SELECT id FROM `+tbl+` ORDER BY ctid`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	order := [3][]int64{nil, physical()}
+	mustExec(t, db, `UPDATE `+tbl+` SET n = n + 1, o = o || 'x'`)
+	order[2] = physical()
+	mustExec(t, db, `DELETE FROM `+tbl)
+
+	var auditRows, changes, grouped int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*), sum(coalesce(changes, 1)), count(changes) FROM `+auditTable(r)).Scan(&auditRows, &changes, &grouped); err != nil {
+		t.Fatal(err)
+	}
+	// Per statement: 64 single rows, then groups of 1000, 1000 and 536.
+	if auditRows != 3*(64+3) || changes != 3*rows || grouped != 3*3 {
+		t.Fatalf("audit table holds %d rows (%d grouped) with %d changes, want %d rows (%d grouped) with %d", auditRows, grouped, changes, 3*(64+3), 9, 3*rows)
+	}
+
+	got := r.collect(3*rows, true)
+	r.quiet()
+	if len(got) != 3*rows {
+		t.Fatalf("%d changes, want %d", len(got), 3*rows)
+	}
+	var lastSeq int64
+	for i, c := range got {
+		phase, id := i/rows, int64(i%rows+1)
+		if phase > 0 {
+			id = order[phase][i%rows]
+		}
+		want := []string{"c", "u", "d"}[phase]
+		if c.Op != want {
+			t.Fatalf("change %d: op %q, want %q", i, c.Op, want)
+		}
+		if c.Source.Seq <= lastSeq {
+			t.Fatalf("change %d: seq %d after %d", i, c.Source.Seq, lastSeq)
+		}
+		lastSeq = c.Source.Seq
+		if got := num(t, c.Key["id"]); got != id {
+			t.Fatalf("change %d (%s): key %v, want id %d (statement order)", i, c.Op, c.Key, id)
+		}
+		img := c.After
+		if c.Op == "d" {
+			img = c.Before
+		}
+		if num(t, img["id"]) != id {
+			t.Fatalf("change %d: image %v, want id %d", i, img, id)
+		}
+		switch c.Op {
+		case "c":
+			if c.Before != nil || c.After["n"] != json.Number(fmt.Sprintf("%.2f", float64(id)*1.5)) || c.After["o"] != fmt.Sprintf("r%d", id) {
+				t.Fatalf("insert %d: before %v after %v", id, c.Before, c.After)
+			}
+			if wantTS := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC).Add(time.Duration(id) * time.Second).Format("2006-01-02T15:04:05-07:00"); c.After["ts"] != wantTS {
+				t.Fatalf("insert %d: ts %v, want %s", id, c.After["ts"], wantTS)
+			}
+		case "u":
+			if num(t, c.Before["id"]) != id || c.Before["o"] != fmt.Sprintf("r%d", id) || c.After["o"] != fmt.Sprintf("r%dx", id) {
+				t.Fatalf("update %d mispaired: before %v after %v", id, c.Before, c.After)
+			}
+		case "d":
+			if c.After != nil || c.Before["o"] != fmt.Sprintf("r%dx", id) {
+				t.Fatalf("delete %d: before %v after %v", id, c.Before, c.After)
+			}
+		}
+	}
+	var left int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM `+auditTable(r)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d audit rows left after every change was acknowledged", left)
+	}
+}
+
+// TestPartlyDeliveredGroupResumes: a restart in the middle of a grouped
+// audit row resumes after its last acknowledged change: nothing is lost and
+// nothing acknowledged is sent again.
+func TestPartlyDeliveredGroupResumes(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "part")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	ledger := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("part-"), url, auditSchemaFor(t, db), s+".part")
+	cfg[KeyPollMaxRecords] = "300"
+	r := startConnector(t, cfg, ledger)
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(1, 1064) g`) // 64 single rows + one group of 1000
+
+	acked := r.collect(600, true)
+	if len(acked) != 600 {
+		t.Fatalf("collected %d, want two batches of 300", len(acked))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5e9)
+	unacked, err := r.tasks[0].Poll(ctx) // polled, never acknowledged
+	cancel()
+	if err != nil || len(unacked) != 300 {
+		t.Fatalf("Poll: %d records, %v", len(unacked), err)
+	}
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	var rows, delivered int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*), max(delivered) FROM `+auditTable(r)).Scan(&rows, &delivered); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || delivered != 600-64 {
+		t.Fatalf("after the stop the audit table holds %d rows, delivered %d; want the group with %d delivered", rows, delivered, 600-64)
+	}
+
+	r2 := startConnector(t, cfg, ledger)
+	defer func() { _ = r2.stop(true) }()
+	rest := r2.collect(1064-600, true)
+	r2.quiet()
+	seen := map[int64]int{}
+	for _, c := range append(acked, rest...) {
+		seen[num(t, c.After["id"])]++
+	}
+	for id := int64(1); id <= 1064; id++ {
+		if seen[id] != 1 {
+			t.Errorf("id %d delivered %d times", id, seen[id])
+		}
+	}
+}
+
+// TestColumnChangesWithUndeliveredChanges: changes written before the
+// table's columns changed are still delivered. After ADD COLUMN they carry
+// exactly the columns they were written with; after DROP COLUMN every value
+// is delivered, columns that no longer line up named by position.
+func TestColumnChangesWithUndeliveredChanges(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "evolving")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, label text, qty int)`)
+	r := startConnector(t, baseConfig(testenv.Unique("ddl-"), url, auditSchemaFor(t, db), s+".evolving"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g, 'l' || g, g FROM generate_series(1, 100) g`) // single and grouped rows
+	mustExec(t, db, `ALTER TABLE `+tbl+` ADD COLUMN extra text DEFAULT 'z'`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (101, 'l101', 101, 'new')`)
+	got := r.collect(101, true)
+	for i, c := range got {
+		id := num(t, c.After["id"])
+		if id != int64(i+1) || c.After["label"] != fmt.Sprintf("l%d", id) || num(t, c.After["qty"]) != id {
+			t.Fatalf("change %d after ADD COLUMN: %v", i, c.After)
+		}
+		if _, has := c.After["extra"]; has != (id == 101) {
+			t.Fatalf("change %d: %v; only the change written after ADD COLUMN has extra", i, c.After)
+		}
+	}
+
+	mustExec(t, db, `UPDATE `+tbl+` SET qty = qty + 1000 WHERE id <= 70`) // 64 single + a group of 6
+	mustExec(t, db, `ALTER TABLE `+tbl+` DROP COLUMN label`)
+	got = r.collect(70, true)
+	r.quiet()
+	for i, c := range got {
+		id := int64(i + 1)
+		// Written as (id int, label text, qty int, extra text), read as
+		// (id int, qty int, extra text): id still lines up; label's value
+		// lands in _column_2, qty's in _column_3, extra's in _column_4.
+		want := map[string]any{"id": json.Number(fmt.Sprint(id)), "_column_2": fmt.Sprintf("l%d", id), "_column_3": json.Number(fmt.Sprint(id + 1000)), "_column_4": "z"}
+		if fmt.Sprint(c.After) != fmt.Sprint(want) {
+			t.Fatalf("change %d after DROP COLUMN: %v, want %v", i, c.After, want)
+		}
+	}
+}
+
+// TestTimestamptzInUTC: row images are rendered by the task's session, so a
+// writer's TimeZone does not show in the record.
+func TestTimestamptzInUTC(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "zoned")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, at timestamptz)`)
+	r := startConnector(t, baseConfig(testenv.Unique("tz-"), url, auditSchemaFor(t, db), s+".zoned"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	ctx := testCtx(t)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, q := range []string{`SET LOCAL TimeZone = 'America/New_York'`, `INSERT INTO ` + tbl + ` VALUES (1, '2026-07-01 12:00:00-04')`} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := r.collect(1, true)
+	if at := got[0].After["at"]; at != "2026-07-01T16:00:00+00:00" {
+		t.Fatalf("timestamptz rendered as %v, want 2026-07-01T16:00:00+00:00", at)
+	}
+}
+
+func TestImageFormats(t *testing.T) {
+	rec := func(cols ...[]byte) []byte {
+		b := []byte{0, 0, 0, byte(len(cols))}
+		for _, c := range cols {
+			b = append(b, 0, 0, 0, 23) // int4
+			if c == nil {
+				b = append(b, 0xff, 0xff, 0xff, 0xff)
+				continue
+			}
+			b = append(b, 0, 0, 0, byte(len(c)))
+			b = append(b, c...)
+		}
+		return b
+	}
+	one, two := rec([]byte{0, 0, 0, 1}, nil), rec([]byte{0, 0, 0, 2}, []byte{0, 0, 0, 3})
+	arr := appendArray(nil, 12345, [][]byte{one, two})
+	elems, err := arrayElements(arr)
+	if err != nil || len(elems) != 2 || string(elems[0]) != string(one) || string(elems[1]) != string(two) {
+		t.Fatalf("arrayElements(appendArray) = %x, %v", elems, err)
+	}
+	if e, err := arrayElements([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17}); err != nil || len(e) != 0 {
+		t.Fatalf("empty array: %v, %v", e, err)
+	}
+	cols, err := recordColumns(one)
+	if err != nil || len(cols) != 2 || cols[0].oid != 23 || string(cols[0].value) != "\x00\x00\x00\x01" || cols[1].value != nil {
+		t.Fatalf("recordColumns = %+v, %v", cols, err)
+	}
+	for name, bad := range map[string][]byte{
+		"truncated array":    arr[:len(arr)-1],
+		"short array":        arr[:10],
+		"two dimensions":     append([]byte{0, 0, 0, 2}, arr[4:]...),
+		"truncated elements": arr[:28],
+	} {
+		if _, err := arrayElements(bad); err == nil || !strings.Contains(err.Error(), "array image") {
+			t.Errorf("%s: err %v, want an array image error", name, err)
+		}
+	}
+	for name, bad := range map[string][]byte{"truncated record": one[:len(one)-5], "short record": one[:2]} {
+		if _, err := recordColumns(bad); err == nil || !strings.Contains(err.Error(), "record image") {
+			t.Errorf("%s: err %v, want a record image error", name, err)
+		}
+	}
+}
