@@ -263,6 +263,51 @@ ORDER BY t.i`, schemas, tables)
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
+	if len(problems) > 0 {
+		return problems, nil
+	}
+	// The capture function stores binary row images (record_send): a
+	// column whose type, element type, base type or attribute type has no
+	// binary send/receive function would make the captured tables' writes
+	// fail, so such a table is refused up front.
+	rows, err = q.Query(ctx, `
+WITH RECURSIVE cols(tbl, col, typ, depth) AS (
+  SELECT c.oid, a.attname::text, a.atttypid, 0
+  FROM unnest($1::text[], $2::text[]) AS t(s, n)
+  JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
+  JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
+  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+  UNION ALL
+  SELECT cols.tbl, cols.col, sub.typ, cols.depth + 1
+  FROM cols JOIN pg_catalog.pg_type ty ON ty.oid = cols.typ
+  CROSS JOIN LATERAL (
+    SELECT ty.typbasetype WHERE ty.typtype = 'd'
+    UNION ALL SELECT ty.typelem WHERE ty.typcategory = 'A' AND ty.typelem <> 0
+    UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+              WHERE ty.typrelid <> 0 AND a.attrelid = ty.typrelid AND a.attnum > 0 AND NOT a.attisdropped) AS sub(typ)
+  WHERE cols.depth < 8)
+SELECT DISTINCT ns.nspname::text, c.relname::text, cols.col, pg_catalog.format_type(cols.typ, NULL)
+FROM cols
+JOIN pg_catalog.pg_type ty ON ty.oid = cols.typ
+JOIN pg_catalog.pg_class c ON c.oid = cols.tbl
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+WHERE ty.typsend = 0 OR ty.typreceive = 0
+ORDER BY 1, 2, 3`, schemas, tables)
+	if err != nil {
+		return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t tableName
+		var col, typ string
+		if err := rows.Scan(&t.Schema, &t.Name, &col, &typ); err != nil {
+			return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+		}
+		problems = append(problems, fmt.Sprintf("column %s of table %s uses type %s, which has no binary send/receive functions: pgaudit cannot capture this table (remove it from %s)", pgx.Identifier{col}.Sanitize(), t.quoted(), typ, KeyTables))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+	}
 	return problems, nil
 }
 

@@ -19,6 +19,9 @@ func TestBadConfig(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "ok")+` (id int)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "secret")+` (id int)`)
 	mustExec(t, db, `CREATE VIEW `+qualified(s, "v")+` AS SELECT 1 AS x`)
+	// aclitem has no binary send function; nor, through its element type,
+	// has aclitem[].
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "acl")+` (id int, grants aclitem[])`)
 	// A login role (trust auth, no password) that may not read "secret".
 	role := testenv.Unique("pga_role_")
 	mustExec(t, db, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
@@ -43,6 +46,7 @@ func TestBadConfig(t *testing.T) {
 	}{
 		{"missing table", url, s + ".ok," + s + ".nope", KeyTables, `"nope" does not exist`},
 		{"not a table", url, s + ".v", KeyTables, "is not a table"},
+		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`},
 		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege"},
 		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1"},
 		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
