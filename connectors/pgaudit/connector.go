@@ -447,6 +447,19 @@ SELECT current_database()::text,
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
 
+	if tableExists {
+		// An audit table of the layout before binary images (0044): the new
+		// capture function could not write into it, and would make the
+		// captured tables' writes fail. Leave everything as it is.
+		var current bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = $1::regclass AND attname = 'changes' AND NOT attisdropped)`, v.Table).Scan(&current); err != nil {
+			return fmt.Errorf("provisioning: inspecting the audit table %s: %w", v.Table, err)
+		}
+		if !current {
+			return fmt.Errorf("the audit table %s was created by an earlier tidyconnect version with a different layout (JSON images); nothing was changed: deliver its remaining changes with that version, then delete and re-create the connector", v.Table)
+		}
+	}
+
 	// lz4 compresses the grouped images several times faster than pglz,
 	// which writers pay for inside their statements.
 	var lz4 bool
