@@ -319,3 +319,54 @@ func TestOldAuditTableLayoutRefused(t *testing.T) {
 	}
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
 }
+
+// TestColumnChangesWideTableAndDroppedType: the column-by-column decoding
+// of changes written before a column change works for tables wider than
+// one function call's 100 arguments, and a value whose type was dropped
+// since is delivered as the hex of its binary form instead of blocking the
+// stream.
+func TestColumnChangesWideTableAndDroppedType(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	wide := qualified(s, "wide")
+	var cols, vals []string
+	for i := 1; i <= 60; i++ {
+		cols = append(cols, fmt.Sprintf("c%d int", i))
+		vals = append(vals, fmt.Sprint(i*10))
+	}
+	mustExec(t, db, `CREATE TABLE `+wide+` (id int PRIMARY KEY, `+strings.Join(cols, ", ")+`)`)
+	mood := qualified(s, "mood")
+	mustExec(t, db, `CREATE TYPE `+mood+` AS ENUM ('happy', 'sad')`)
+	feel := qualified(s, "feel")
+	mustExec(t, db, `CREATE TABLE `+feel+` (id int PRIMARY KEY, m `+mood+`, v int)`)
+	r := startConnector(t, baseConfig(testenv.Unique("wide-"), url, auditSchemaFor(t, db), s+".wide", s+".feel"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+wide+` VALUES (1, `+strings.Join(vals, ", ")+`)`)
+	mustExec(t, db, `INSERT INTO `+feel+` VALUES (1, 'happy', 7)`)
+	mustExec(t, db, `ALTER TABLE `+wide+` ADD COLUMN extra int`)
+	mustExec(t, db, `ALTER TABLE `+feel+` DROP COLUMN m`)
+	mustExec(t, db, `DROP TYPE `+mood)
+
+	got := r.collect(2, true)
+	for _, c := range got {
+		switch c.Source.Table {
+		case "wide":
+			if len(c.After) != 61 {
+				t.Fatalf("wide change has %d columns, want 61: %v", len(c.After), c.After)
+			}
+			for i := 1; i <= 60; i++ {
+				if v := num(t, c.After[fmt.Sprintf("c%d", i)]); v != int64(i*10) {
+					t.Fatalf("wide change: c%d = %d, want %d", i, v, i*10)
+				}
+			}
+		case "feel":
+			want := map[string]any{"id": json.Number("1"), "_column_2": `\x` + fmt.Sprintf("%x", "happy"), "_column_3": json.Number("7")}
+			if fmt.Sprint(c.After) != fmt.Sprint(want) {
+				t.Fatalf("change with a dropped type: %v, want %v", c.After, want)
+			}
+		default:
+			t.Fatalf("change of %s", c.Source.Table)
+		}
+	}
+}

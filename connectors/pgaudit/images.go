@@ -1,8 +1,10 @@
 package pgaudit
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -165,31 +167,80 @@ func shapeChanged(err error) bool {
 	return false
 }
 
+// maxPairsPerCall keeps json_build_object under PostgreSQL's limit of 100
+// arguments per function call.
+const maxPairsPerCall = 50
+
 // decodeByColumn builds the JSON object of one record image from the
 // column types the image carries. Names come from the table's current
 // columns at the same position when the type there is the same (exact for
 // columns added since: they come last); any other column is named
-// "_column_<position>", and its value is still delivered.
+// "_column_<position>", and its value is still delivered. A value
+// PostgreSQL can no longer read (its type was dropped since) is delivered
+// as the hex string of its binary form rather than blocking the stream.
 func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, img []byte) ([]byte, error) {
 	cols, err := recordColumns(img)
 	if err != nil {
 		return nil, err
 	}
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = "_column_" + strconv.Itoa(i+1)
+		if i < len(current) && current[i].oid == c.oid {
+			names[i] = current[i].name
+		}
+	}
+	out := []byte{'{'}
+	add := func(members []byte) {
+		if len(members) == 0 {
+			return
+		}
+		if len(out) > 1 {
+			out = append(out, ", "...)
+		}
+		out = append(out, members...)
+	}
+	for lo := 0; lo < len(cols); lo += maxPairsPerCall {
+		hi := min(lo+maxPairsPerCall, len(cols))
+		members, err := buildObjectMembers(ctx, conn, names[lo:hi], cols[lo:hi])
+		if err == nil {
+			add(members)
+			continue
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) {
+			return nil, err
+		}
+		for i := lo; i < hi; i++ {
+			members, err := buildObjectMembers(ctx, conn, names[i:i+1], cols[i:i+1])
+			if err != nil {
+				if !errors.As(err, &pe) {
+					return nil, err
+				}
+				members = appendJSONString(nil, names[i])
+				members = append(members, " : "...)
+				members = appendJSONString(members, `\x`+hex.EncodeToString(cols[i].value))
+			}
+			add(members)
+		}
+	}
+	return append(out, '}'), nil
+}
+
+// buildObjectMembers returns `"name" : value, ...` for the columns, each
+// value read by its own type's binary receive function.
+func buildObjectMembers(ctx context.Context, conn *pgconn.PgConn, names []string, cols []recordColumn) ([]byte, error) {
 	var sql strings.Builder
 	sql.WriteString(`SELECT pg_catalog.json_build_object(`)
 	params := make([][]byte, 0, 2*len(cols))
 	oids := make([]uint32, 0, 2*len(cols))
 	formats := make([]int16, 0, 2*len(cols))
 	for i, c := range cols {
-		name := "_column_" + strconv.Itoa(i+1)
-		if i < len(current) && current[i].oid == c.oid {
-			name = current[i].name
-		}
 		if i > 0 {
 			sql.WriteByte(',')
 		}
 		fmt.Fprintf(&sql, "$%d::text, $%d", 2*i+1, 2*i+2)
-		params = append(params, []byte(name), c.value)
+		params = append(params, []byte(names[i]), c.value)
 		oids = append(oids, 25, c.oid) // text, the column's own type
 		formats = append(formats, 0, 1)
 	}
@@ -201,5 +252,9 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 	if len(res.Rows) != 1 {
 		return nil, fmt.Errorf("decoding one row image returned %d rows", len(res.Rows))
 	}
-	return res.Rows[0][0], nil
+	obj := res.Rows[0][0]
+	if len(obj) < 2 || obj[0] != '{' || obj[len(obj)-1] != '}' {
+		return nil, fmt.Errorf("json_build_object returned %q", obj)
+	}
+	return bytes.TrimSpace(obj[1 : len(obj)-1]), nil
 }
