@@ -177,6 +177,13 @@ func TestReconfigure(t *testing.T) {
 			t.Errorf("ledger still lists %v", res)
 		}
 	}
+	var leftB int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+auditTable(r)+` WHERE table_name = 'b'`).Scan(&leftB); err != nil {
+		t.Fatal(err)
+	}
+	if leftB != 0 {
+		t.Errorf("%d undelivered changes of b left in the audit table after b was removed", leftB)
+	}
 	mustExec(t, db, `INSERT INTO `+qualified(s, "c")+` VALUES (3)`)
 	c := r.collect(1, true)
 	if c[0].Source.Table != "c" {
