@@ -429,6 +429,7 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	var (
 		db                                                      string
 		schemaExists, tableExists, wakeupExists, functionExists bool
+		waitersExists                                           bool
 		functionMarker                                          *string
 	)
 	err = tx.QueryRow(ctx, `
@@ -441,8 +442,10 @@ SELECT current_database()::text,
        EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
                WHERE ns.nspname = $1 AND c.relname = $4),
        (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
-               WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0)`,
-		s.auditSchema, n.table, n.function, n.wakeup).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker)
+               WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+               WHERE ns.nspname = $1 AND c.relname = $5 AND c.relkind = 'S')`,
+		s.auditSchema, n.table, n.function, n.wakeup, n.waiters).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
@@ -496,9 +499,14 @@ SELECT current_database()::text,
 			return err
 		}
 	}
-	if !wakeupExists {
-		if err := own(tableRes(db, s.auditSchema, n.wakeup)); err != nil {
-			return err
+	if !wakeupExists || !waitersExists {
+		// A wake-up table of an earlier version has no waiters sequence
+		// yet; the capture function below needs it. The migration creates
+		// only what is missing; the sequence goes with the table.
+		if !wakeupExists {
+			if err := own(tableRes(db, s.auditSchema, n.wakeup)); err != nil {
+				return err
+			}
 		}
 		if err := add("0002_wakeup_table.up.sql", "", v); err != nil {
 			return err

@@ -351,7 +351,7 @@ func TestStopAloneInterruptsPoll(t *testing.T) {
 		_, err := r.tasks[0].Poll(context.Background()) // never cancelled by the caller
 		done <- err
 	}()
-	awaitWaiting(t, db, qualified(cfg[KeyAuditSchema], objectNames(r.name).wakeup), true)
+	awaitWaiting(t, db, cfg[KeyAuditSchema], objectNames(r.name), true)
 	r.tasks[0].Stop(false)
 	select {
 	case err := <-done:

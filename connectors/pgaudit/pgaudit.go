@@ -153,6 +153,7 @@ type names struct {
 	base     string // sanitized prefix + hash, <= 48 bytes
 	table    string // audit table
 	wakeup   string // which tasks wait for a NOTIFY
+	waiters  string // sequence: how many tasks wait (owned by wakeup)
 	function string
 	channel  string // LISTEN/NOTIFY channel
 	marker   string // comment marking owned objects
@@ -187,6 +188,7 @@ func objectNames(connector string) names {
 		base:     base,
 		table:    base + "_audit",
 		wakeup:   base + "_wakeup",
+		waiters:  base + "_waiters",
 		function: base + "_capture",
 		channel:  "tidyconnect_" + base,
 		marker:   "tidyconnect:" + connector,

@@ -15,6 +15,9 @@ import (
 type sqlVars struct {
 	Schema, Table, Wakeup, Function, Body, Channel, Marker string
 	Captured, Trigger                                      string
+	// Waiters is the wake-up sequence's quoted name; WaitersLiteral is
+	// that name as a string literal, for a regclass constant.
+	Waiters, WaitersLiteral string
 	// Compression is the audit images' column compression clause
 	// (" COMPRESSION lz4" where the server has lz4, else empty).
 	Compression string
@@ -89,13 +92,16 @@ func render(file, block string, v sqlVars) (string, error) {
 // vars returns the quoted identifiers of the connector's objects.
 func (n names) vars(auditSchema string) sqlVars {
 	return sqlVars{
-		Schema:   pgx.Identifier{auditSchema}.Sanitize(),
-		Table:    pgx.Identifier{auditSchema, n.table}.Sanitize(),
-		Wakeup:   pgx.Identifier{auditSchema, n.wakeup}.Sanitize(),
-		Function: pgx.Identifier{auditSchema, n.function}.Sanitize(),
-		Channel:  quoteLiteral(n.channel),
-		Marker:   quoteLiteral(n.marker),
-		Single:   singleChanges,
-		Chunk:    chunkChanges,
+		Schema:  pgx.Identifier{auditSchema}.Sanitize(),
+		Table:   pgx.Identifier{auditSchema, n.table}.Sanitize(),
+		Wakeup:  pgx.Identifier{auditSchema, n.wakeup}.Sanitize(),
+		Waiters: pgx.Identifier{auditSchema, n.waiters}.Sanitize(),
+		// quoteLiteral of the quoted name: regclass parses the quotes.
+		WaitersLiteral: quoteLiteral(pgx.Identifier{auditSchema, n.waiters}.Sanitize()),
+		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
+		Channel:        quoteLiteral(n.channel),
+		Marker:         quoteLiteral(n.marker),
+		Single:         singleChanges,
+		Chunk:          chunkChanges,
 	}
 }

@@ -58,11 +58,14 @@ type Task struct {
 	deleteSQL      string
 	deleteRangeSQL string
 	progressSQL    string
+	lockWakeupSQL  string
 	markSQL        string
 	unmarkSQL      string
+	countSQL       string
 
 	// waiting mirrors this task's row in the wakeup table: while it is
-	// true the capture trigger sends NOTIFYs. idleStep is the next wait
+	// true the capture trigger sends NOTIFYs (it reads the count of
+	// waiting rows that setWaiting keeps in the waiters sequence). idleStep is the next wait
 	// without a notification, doubling up to poll.interval.ms.
 	waiting    bool
 	idleStep   time.Duration
@@ -173,8 +176,10 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.deleteRangeSQL = `DELETE FROM ` + at + ` WHERE id BETWEEN $1 AND $2`
 	t.progressSQL = `UPDATE ` + at + ` AS a SET delivered = v.n FROM unnest($1::bigint[], $2::int[]) AS v(id, n) WHERE a.id = v.id`
 	wt := pgx.Identifier{s.auditSchema, t.n.wakeup}.Sanitize()
+	t.lockWakeupSQL = `LOCK TABLE ` + wt + ` IN EXCLUSIVE MODE`
 	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
 	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
+	t.countSQL = `SELECT pg_catalog.setval(` + quoteLiteral(pgx.Identifier{s.auditSchema, t.n.waiters}.Sanitize()) + `::pg_catalog.regclass, (SELECT count(*) FROM ` + wt + ` WHERE waiting), true)`
 	if err := t.listen(ctx); err != nil {
 		return err
 	}
@@ -308,7 +313,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 				if t.waiting {
 					// Busy again: writers need not notify. A failure only
 					// costs writers some needless NOTIFYs.
-					if _, err := t.pool.Exec(ctx, t.markSQL, t.host.Task, false); err == nil {
+					if err := t.setWaiting(ctx, false, false); err == nil {
 						t.waiting = false
 					}
 				}
@@ -332,7 +337,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if !t.waiting {
 			// Ask for NOTIFYs, then read once more: a change committed
 			// before the mark was visible would otherwise wait.
-			if _, err := t.pool.Exec(ctx, t.markSQL, t.host.Task, true); err != nil {
+			if err := t.setWaiting(ctx, true, false); err != nil {
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
@@ -354,6 +359,30 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		t.wait(ctx, until)
 	}
+}
+
+// setWaiting records in the wakeup table whether this task waits for
+// NOTIFYs (remove: the task is going away) and sets the waiters sequence,
+// which writers read, to the number of waiting rows. The table lock orders
+// the tasks' recounts, so each count sees every earlier one committed:
+// while a task waits, the sequence is never 0.
+func (t *Task) setWaiting(ctx context.Context, waiting, remove bool) error {
+	return pgx.BeginFunc(ctx, t.pool, func(tx pgx.Tx) error {
+		// The lock goes first, on its own: preparing the batch's statements
+		// already takes the table's lighter locks, and two tasks holding
+		// those while asking for this one deadlock.
+		if _, err := tx.Exec(ctx, t.lockWakeupSQL); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		if remove {
+			b.Queue(t.unmarkSQL, t.host.Task)
+		} else {
+			b.Queue(t.markSQL, t.host.Task, waiting)
+		}
+		b.Queue(t.countSQL)
+		return tx.SendBatch(ctx, b).Close()
+	})
 }
 
 // retryLater logs a lost connection and waits the next backoff step.
@@ -381,6 +410,9 @@ func (t *Task) wait(ctx context.Context, deadline time.Time) {
 			}
 			return
 		}
+		// Mark again before the next wait: after a crash the unlogged
+		// wakeup table is empty and the waiters count may be stale.
+		t.waiting = false
 		return // poll at once: notifications were lost while disconnected
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
@@ -822,7 +854,7 @@ func (t *Task) Stopped(ctx context.Context) error {
 				// No NOTIFYs for a task that is gone; best effort (a row
 				// left behind only costs writers needless NOTIFYs).
 				uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_, _ = t.pool.Exec(uctx, t.unmarkSQL, t.host.Task)
+				_ = t.setWaiting(uctx, false, true)
 				cancel()
 			}
 			t.pool.Close()

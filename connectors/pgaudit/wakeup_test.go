@@ -2,6 +2,7 @@ package pgaudit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestWakeups(t *testing.T) {
 		recs, err := r.tasks[0].Poll(ctx)
 		done <- result{recs, err}
 	}()
-	awaitWaiting(t, db, qualified(cfg[KeyAuditSchema], n.wakeup), true)
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, true)
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
 	if !notified(10 * time.Second) {
 		t.Error("no NOTIFY while the task was waiting")
@@ -63,7 +64,7 @@ func TestWakeups(t *testing.T) {
 	if err := r.tasks[0].Commit(ctx, res.recs); err != nil {
 		t.Fatal(err)
 	}
-	awaitWaiting(t, db, qualified(cfg[KeyAuditSchema], n.wakeup), false)
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
 	// Busy task: writers do not notify.
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
 	if notified(300 * time.Millisecond) {
@@ -71,23 +72,176 @@ func TestWakeups(t *testing.T) {
 	}
 }
 
+// awaitWaiting waits until some task is marked waiting (or none is) in the
+// wakeup table, and checks that the waiters sequence writers read agrees.
 func awaitWaiting(t *testing.T, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, table string, want bool) {
+}, auditSchema string, n names, want bool) {
+	t.Helper()
+	awaitWaiters(t, db, auditSchema, n, func(c int64) bool { return (c > 0) == want }, fmt.Sprintf("waiting %v", want))
+}
+
+// awaitWaiters waits until the number of waiting rows satisfies ok and the
+// waiters sequence holds that same number.
+func awaitWaiters(t *testing.T, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, auditSchema string, n names, ok func(int64) bool, what string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var waiting bool
-		err := db.QueryRow(context.Background(), `SELECT coalesce(bool_or(waiting), false) FROM `+table).Scan(&waiting)
+		var rows int64
+		var seq *int64
+		err := db.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM `+qualified(auditSchema, n.wakeup)+` WHERE waiting), pg_sequence_last_value($1::regclass)`,
+			qualified(auditSchema, n.waiters)).Scan(&rows, &seq)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waiting == want {
+		if ok(rows) && seq != nil && *seq == rows {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("wakeup table: waiting is %v, want %v", waiting, want)
+			got := "NULL"
+			if seq != nil {
+				got = fmt.Sprint(*seq)
+			}
+			t.Fatalf("want %s: %d waiting rows in the wakeup table, waiters sequence %s", what, rows, got)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWakeupsTwoTasks: the waiters sequence counts the waiting tasks, so
+// while one task is busy, writers still wake the other one, and none is
+// sent once both are busy.
+func TestWakeupsTwoTasks(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	for _, tb := range []string{"a", "b"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY)`)
+	}
+	cfg := baseConfig(testenv.Unique("wake2-"), url, auditSchemaFor(t, db), s+".a", s+".b")
+	cfg[KeyTasksMax] = "2"
+	cfg[KeyPollIntervalMS] = "600000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	if len(r.tasks) != 2 {
+		t.Fatalf("%d tasks, want 2 (one per table)", len(r.tasks))
+	}
+	n := objectNames(r.name)
+
+	l, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	notified := func(within time.Duration) bool {
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		_, err := l.WaitForNotification(wctx)
+		return err == nil
+	}
+
+	type result struct {
+		recs []connect.SourceRecord
+		err  error
+	}
+	polls := make([]chan result, len(r.tasks))
+	for i, task := range r.tasks {
+		polls[i] = make(chan result, 1)
+		go func() {
+			recs, err := task.Poll(ctx)
+			polls[i] <- result{recs, err}
+		}()
+	}
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 2 }, "both tasks waiting")
+
+	// The task of table a wakes; the other one keeps waiting.
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (1)`)
+	if !notified(10 * time.Second) {
+		t.Fatal("no NOTIFY while both tasks waited")
+	}
+	var woken int
+	var res result
+	select {
+	case res = <-polls[0]:
+		woken = 0
+	case res = <-polls[1]:
+		woken = 1
+	case <-time.After(30 * time.Second):
+		t.Fatal("no Poll returned the change of table a")
+	}
+	if res.err != nil || len(res.recs) != 1 || decode(t, res.recs[0]).Source.Table != "a" {
+		t.Fatalf("Poll: %d records, %v; want the change of table a", len(res.recs), res.err)
+	}
+	if err := r.tasks[woken].Commit(ctx, res.recs); err != nil {
+		t.Fatal(err)
+	}
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 1 }, "one task waiting")
+
+	// Writers still notify for the task that waits.
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (1)`)
+	if !notified(10 * time.Second) {
+		t.Fatal("no NOTIFY while one task still waited")
+	}
+	other := 1 - woken
+	select {
+	case res = <-polls[other]:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting task's Poll did not return the change of table b")
+	}
+	if res.err != nil || len(res.recs) != 1 || decode(t, res.recs[0]).Source.Table != "b" {
+		t.Fatalf("Poll: %d records, %v; want the change of table b", len(res.recs), res.err)
+	}
+	if err := r.tasks[other].Commit(ctx, res.recs); err != nil {
+		t.Fatal(err)
+	}
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 0 }, "no task waiting")
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (2)`)
+	if notified(300 * time.Millisecond) {
+		t.Error("a NOTIFY was sent although both tasks were busy")
+	}
+}
+
+// TestWaitersSequenceAddedOnStart: a wakeup table from before the waiters
+// sequence existed gets one when the connector starts (the capture
+// function it installs reads it), and deletion drops it with the table.
+func TestWaitersSequenceAddedOnStart(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	audit := auditSchemaFor(t, db)
+	cfg := baseConfig(testenv.Unique("waiters-"), url, audit, s+".w")
+	l := connect.NewMemoryLedger()
+	n := objectNames(cfg["name"])
+
+	r := startConnector(t, cfg, l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	if !relExists(t, db, audit, n.waiters) {
+		t.Fatal("no waiters sequence after the first start")
+	}
+	mustExec(t, db, `DROP SEQUENCE `+qualified(audit, n.waiters))
+
+	r = startConnector(t, cfg, l)
+	if !relExists(t, db, audit, n.waiters) {
+		t.Fatal("the start did not add the waiters sequence to the existing wakeup table")
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Fatalf("captured %+v, want the insert", got[0])
+	}
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{n.wakeup, n.waiters} {
+		if relExists(t, db, audit, rel) {
+			t.Errorf("%s survived the deletion", rel)
+		}
 	}
 }

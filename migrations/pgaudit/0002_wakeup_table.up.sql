@@ -5,3 +5,10 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {{.Wakeup}} (
     waiting boolean NOT NULL
 );
 COMMENT ON TABLE {{.Wakeup}} IS {{.Marker}};
+-- How many rows of the wake-up table say waiting, set by the tasks under a
+-- lock on the table. Writers read it with pg_sequence_last_value, a plain
+-- function call in PL/pgSQL, instead of querying the table: a query per
+-- captured statement costs writers about 15% (docs/decisions/0045).
+-- OWNED BY the table: dropping the table drops it.
+CREATE SEQUENCE IF NOT EXISTS {{.Waiters}} AS bigint MINVALUE 0 START 0 OWNED BY {{.Wakeup}}.task;
+COMMENT ON SEQUENCE {{.Waiters}} IS {{.Marker}};

@@ -78,8 +78,10 @@ BEGIN
     -- A wake-up only, and only when a task is waiting for one: a NOTIFY
     -- serializes the commits of all notifying transactions (a database-wide
     -- lock held through the commit), which would make concurrent writers
-    -- wait for each other while the tasks are busy anyway.
-    IF v_rows > 0 AND EXISTS (SELECT 1 FROM {{.Wakeup}} WHERE waiting) THEN
+    -- wait for each other while the tasks are busy anyway. The tasks keep
+    -- the number of waiting tasks in a sequence, which PL/pgSQL reads
+    -- without running a query (docs/decisions/0045).
+    IF v_rows > 0 AND pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass) > 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
     END IF;
     RETURN NULL;
