@@ -63,11 +63,12 @@ type Task struct {
 	unmarkSQL      string
 	countSQL       string
 
-	// waiting mirrors this task's row in the wakeup table: while it is
-	// true the capture trigger sends NOTIFYs (it reads the count of
-	// waiting rows that setWaiting keeps in the waiters sequence). idleStep is the next wait
-	// without a notification, doubling up to poll.interval.ms.
-	waiting    bool
+	// mark is what this task's row in the wakeup table says: while it
+	// says waiting the capture trigger sends NOTIFYs (it reads the count
+	// of waiting rows that setWaiting keeps in the waiters sequence).
+	// idleStep is the next wait without a notification, doubling up to
+	// poll.interval.ms.
+	mark       markState
 	idleStep   time.Duration
 	emptyReads int // reads that found nothing since the last change
 
@@ -180,6 +181,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
 	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
 	t.countSQL = `SELECT pg_catalog.setval(` + quoteLiteral(pgx.Identifier{s.auditSchema, t.n.waiters}.Sanitize()) + `::pg_catalog.regclass, (SELECT count(*) FROM ` + wt + ` WHERE waiting), true)`
+	t.mark = markUnknown // a row left by an earlier run of this task may say waiting
 	if err := t.listen(ctx); err != nil {
 		return err
 	}
@@ -310,11 +312,13 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			if len(recs) > 0 {
 				t.idleStep = 0
 				t.emptyReads = 0
-				if t.waiting {
-					// Busy again: writers need not notify. A failure only
-					// costs writers some needless NOTIFYs.
+				if t.mark != markClear {
+					// Busy again: writers need not notify. After a failure
+					// the row and the count are unknown (setval is not
+					// transactional): the next wait marks and recounts.
+					t.mark = markUnknown
 					if err := t.setWaiting(ctx, false, false); err == nil {
-						t.waiting = false
+						t.mark = markClear
 					}
 				}
 			}
@@ -323,7 +327,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if !time.Now().Before(deadline) {
 			return nil, nil
 		}
-		if !t.waiting && t.emptyReads < spinReads {
+		if t.mark != markWaiting && t.emptyReads < spinReads {
 			// Just drained: under a steady stream the next change is a few
 			// milliseconds away. Reading again shortly, rather than asking
 			// writers for NOTIFYs at once, spares them the NOTIFY's
@@ -334,9 +338,10 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			}
 			continue
 		}
-		if !t.waiting {
+		if t.mark != markWaiting {
 			// Ask for NOTIFYs, then read once more: a change committed
 			// before the mark was visible would otherwise wait.
+			t.mark = markUnknown
 			if err := t.setWaiting(ctx, true, false); err != nil {
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
@@ -347,7 +352,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 				t.retryLater(ctx, "marking the task as waiting", err)
 				return nil, nil
 			}
-			t.waiting = true
+			t.mark = markWaiting
 			continue
 		}
 		// A writer that checked the mark just before it was set commits
@@ -360,6 +365,16 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		t.wait(ctx, until)
 	}
 }
+
+// markState is what a task's row in the wakeup table says, as far as the
+// task knows.
+type markState int8
+
+const (
+	markClear   markState = iota // not waiting, or no row
+	markUnknown                  // mark or clear it again before relying on it
+	markWaiting
+)
 
 // setWaiting records in the wakeup table whether this task waits for
 // NOTIFYs (remove: the task is going away) and sets the waiters sequence,
@@ -412,7 +427,7 @@ func (t *Task) wait(ctx context.Context, deadline time.Time) {
 		}
 		// Mark again before the next wait: after a crash the unlogged
 		// wakeup table is empty and the waiters count may be stale.
-		t.waiting = false
+		t.mark = markUnknown
 		return // poll at once: notifications were lost while disconnected
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
@@ -850,7 +865,7 @@ func (t *Task) Stopped(ctx context.Context) error {
 			t.listener = nil
 		}
 		if t.pool != nil {
-			if t.waiting {
+			if t.mark != markClear {
 				// No NOTIFYs for a task that is gone; best effort (a row
 				// left behind only costs writers needless NOTIFYs).
 				uctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -245,3 +245,85 @@ func TestWaitersSequenceAddedOnStart(t *testing.T) {
 		}
 	}
 }
+
+// TestWakeupAfterFailedClear: when a task, busy again, fails to clear its
+// mark, the waiters count may already be 0 (setval is not transactional)
+// while its row still says waiting. The task must mark itself again before
+// it next waits, or writers would never wake it.
+func TestWakeupAfterFailedClear(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("wakefail-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "600000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	n := objectNames(r.name)
+	wakeup := qualified(cfg[KeyAuditSchema], n.wakeup)
+
+	l, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	notified := func(within time.Duration) bool {
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		_, err := l.WaitForNotification(wctx)
+		return err == nil
+	}
+	poll := func() <-chan []connect.SourceRecord {
+		out := make(chan []connect.SourceRecord, 1)
+		go func() {
+			recs, err := r.tasks[0].Poll(ctx)
+			if err != nil {
+				t.Errorf("Poll: %v", err)
+			}
+			out <- recs
+		}()
+		return out
+	}
+
+	// Clearing the mark fails at COMMIT, after the count was set to 0.
+	mustExec(t, db, `CREATE FUNCTION `+qualified(s, "refuse")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'refused'; END$$`)
+	mustExec(t, db, `CREATE CONSTRAINT TRIGGER refuse_clear AFTER UPDATE ON `+wakeup+` DEFERRABLE INITIALLY DEFERRED
+		FOR EACH ROW WHEN (NOT NEW.waiting) EXECUTE FUNCTION `+qualified(s, "refuse")+`()`)
+	first := poll()
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, true)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	recs := <-first
+	if len(recs) != 1 {
+		t.Fatalf("Poll returned %d records, want 1", len(recs))
+	}
+	var rows int64
+	var seq *int64
+	if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+wakeup+` WHERE waiting), pg_sequence_last_value($1::regclass)`, qualified(cfg[KeyAuditSchema], n.waiters)).Scan(&rows, &seq); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || seq == nil || *seq != 0 {
+		t.Fatalf("after the failed clear: %d waiting rows, count %v; want 1 row and count 0 (the case under test)", rows, seq)
+	}
+	mustExec(t, db, `DROP TRIGGER refuse_clear ON `+wakeup)
+	if err := r.tasks[0].Commit(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	for notified(100 * time.Millisecond) { // the first insert's NOTIFY
+	}
+
+	// Idle again: the task marks itself again, so the next change is
+	// announced.
+	second := poll()
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 1 }, "the task marked again")
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	if !notified(10 * time.Second) {
+		t.Error("no NOTIFY for the waiting task after its failed clear")
+	}
+	if recs := <-second; len(recs) != 1 {
+		t.Fatalf("Poll returned %d records, want 1", len(recs))
+	}
+}

@@ -80,8 +80,9 @@ BEGIN
     -- lock held through the commit), which would make concurrent writers
     -- wait for each other while the tasks are busy anyway. The tasks keep
     -- the number of waiting tasks in a sequence, which PL/pgSQL reads
-    -- without running a query (docs/decisions/0045).
-    IF v_rows > 0 AND pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass) > 0 THEN
+    -- without running a query (docs/decisions/0045). NULL (never set, or
+    -- a server that answers NULL where it cannot tell) means notify.
+    IF v_rows > 0 AND COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) > 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
     END IF;
     RETURN NULL;
