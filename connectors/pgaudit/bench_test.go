@@ -145,71 +145,92 @@ END $$`)
 		}
 		b.Run(name, func(b *testing.B) { singleRowOverhead(b, db, url, consumed) })
 	}
+
+	// The floor of any trigger-based capture on this machine: the same
+	// workload against a table whose statement-level triggers (with
+	// transition tables, as pgaudit's) call a PL/pgSQL function that does
+	// nothing (docs/decisions/0045). Not what pgaudit installs.
+	b.Run("single_row_tx_4_clients_empty_trigger_reference", func(b *testing.B) {
+		s := newSchema(b, db)
+		plain, captured := qualified(s, "plain"), qualified(s, "captured")
+		mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)
+		mustExec(b, db, `CREATE TABLE `+captured+` `+benchColumns)
+		fn := qualified(s, "nothing")
+		mustExec(b, db, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$BEGIN RETURN NULL; END$$`)
+		mustExec(b, db, `CREATE TRIGGER ins AFTER INSERT ON `+captured+` REFERENCING NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
+		mustExec(b, db, `CREATE TRIGGER upd AFTER UPDATE ON `+captured+` REFERENCING OLD TABLE AS o NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
+		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured)
+	})
 }
 
 func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, consumed bool) {
-	{
-		plain, captured, r := benchTables(b, db, url)
-		if consumed {
-			ctx, cancel := context.WithCancel(context.Background())
-			var wg sync.WaitGroup
+	plain, captured, r := benchTables(b, db, url)
+	if consumed {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			task := r.tasks[0]
+			for ctx.Err() == nil {
+				recs, err := task.Poll(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					return
+				}
+				if err := task.Commit(ctx, recs); err != nil && ctx.Err() == nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		defer func() { cancel(); wg.Wait() }()
+	}
+	singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
+}
+
+// singleRowRounds runs 4 clients of single-row transactions (an INSERT,
+// then an UPDATE of that row, each its own transaction) against plain and
+// captured in turn, truncating before each round, and reports the ratio.
+func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate string) {
+	const clients, perClient = 4, 1000
+	run := func(table string, round int) time.Duration {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for c := range clients {
 			wg.Go(func() {
-				task := r.tasks[0]
-				for ctx.Err() == nil {
-					recs, err := task.Poll(ctx)
-					if err != nil {
-						if ctx.Err() == nil {
-							b.Error(err)
-						}
+				for k := range perClient {
+					id := ((round*clients+c)*perClient + k)
+					if _, err := db.Exec(context.Background(), `INSERT INTO `+table+` VALUES ($1, $2, $3, $4, now())`, id, id%1000, "name", 1.25); err != nil {
+						b.Error(err)
 						return
 					}
-					if err := task.Commit(ctx, recs); err != nil && ctx.Err() == nil {
+					if _, err := db.Exec(context.Background(), `UPDATE `+table+` SET a = a + 1 WHERE id = $1`, id); err != nil {
 						b.Error(err)
 						return
 					}
 				}
 			})
-			defer func() { cancel(); wg.Wait() }()
 		}
-		const clients, perClient = 4, 1000
-		run := func(table string, round int) time.Duration {
-			var wg sync.WaitGroup
-			start := time.Now()
-			for c := range clients {
-				wg.Go(func() {
-					for k := range perClient {
-						id := ((round*clients+c)*perClient + k)
-						if _, err := db.Exec(context.Background(), `INSERT INTO `+table+` VALUES ($1, $2, $3, $4, now())`, id, id%1000, "name", 1.25); err != nil {
-							b.Error(err)
-							return
-						}
-						if _, err := db.Exec(context.Background(), `UPDATE `+table+` SET a = a + 1 WHERE id = $1`, id); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			return time.Since(start)
-		}
-		var tp, tc time.Duration
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			mustExec(b, db, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
-			b.StartTimer()
-			// Alternate the order so neither table profits from a warmer cache.
-			if i%2 == 0 {
-				tp += run(plain, i)
-				tc += run(captured, i)
-			} else {
-				tc += run(captured, i)
-				tp += run(plain, i)
-			}
-		}
-		b.ReportMetric(float64(2*clients*perClient*b.N)/tc.Seconds(), "captured-tx/s")
-		report(b, tp, tc)
+		wg.Wait()
+		return time.Since(start)
 	}
+	var tp, tc time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		mustExec(b, db, truncate)
+		b.StartTimer()
+		// Alternate the order so neither table profits from a warmer cache.
+		if i%2 == 0 {
+			tp += run(plain, i)
+			tc += run(captured, i)
+		} else {
+			tc += run(captured, i)
+			tp += run(plain, i)
+		}
+	}
+	b.ReportMetric(float64(2*clients*perClient*b.N)/tc.Seconds(), "captured-tx/s")
+	report(b, tp, tc)
 }
 
 func report(b *testing.B, plain, captured time.Duration) {

@@ -27,20 +27,7 @@ func TestWakeups(t *testing.T) {
 	defer func() { _ = r.stop(true) }()
 	n := objectNames(r.name)
 
-	l, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	notified := func(within time.Duration) bool {
-		wctx, cancel := context.WithTimeout(ctx, within)
-		defer cancel()
-		_, err := l.WaitForNotification(wctx)
-		return err == nil
-	}
+	notified := listenOn(t, ctx, url, n.channel)
 
 	// A Poll blocks (the interval is 10 minutes) until the insert wakes it.
 	type result struct {
@@ -74,6 +61,26 @@ func TestWakeups(t *testing.T) {
 
 // awaitWaiting waits until some task is marked waiting (or none is) in the
 // wakeup table, and checks that the waiters sequence writers read agrees.
+// listenOn LISTENs on channel from a connection of its own and returns a
+// function that reports whether a notification arrives within a duration.
+func listenOn(t *testing.T, ctx context.Context, url, channel string) func(within time.Duration) bool {
+	t.Helper()
+	l, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return func(within time.Duration) bool {
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		_, err := l.WaitForNotification(wctx)
+		return err == nil
+	}
+}
+
 func awaitWaiting(t *testing.T, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, auditSchema string, n names, want bool) {
@@ -130,20 +137,7 @@ func TestWakeupsTwoTasks(t *testing.T) {
 	}
 	n := objectNames(r.name)
 
-	l, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	notified := func(within time.Duration) bool {
-		wctx, cancel := context.WithTimeout(ctx, within)
-		defer cancel()
-		_, err := l.WaitForNotification(wctx)
-		return err == nil
-	}
+	notified := listenOn(t, ctx, url, n.channel)
 
 	type result struct {
 		recs []connect.SourceRecord
@@ -263,20 +257,7 @@ func TestWakeupAfterFailedClear(t *testing.T) {
 	n := objectNames(r.name)
 	wakeup := qualified(cfg[KeyAuditSchema], n.wakeup)
 
-	l, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	if _, err := l.Exec(ctx, "LISTEN "+pgx.Identifier{n.channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	notified := func(within time.Duration) bool {
-		wctx, cancel := context.WithTimeout(ctx, within)
-		defer cancel()
-		_, err := l.WaitForNotification(wctx)
-		return err == nil
-	}
+	notified := listenOn(t, ctx, url, n.channel)
 	poll := func() <-chan []connect.SourceRecord {
 		out := make(chan []connect.SourceRecord, 1)
 		go func() {
