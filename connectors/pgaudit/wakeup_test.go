@@ -308,3 +308,24 @@ func TestWakeupAfterFailedClear(t *testing.T) {
 		t.Fatalf("Poll returned %d records, want 1", len(recs))
 	}
 }
+
+// TestNoWakeupsBeforeATaskWaits: a connector whose tasks have not asked for
+// NOTIFYs yet (or are not running) costs writers no NOTIFY.
+func TestNoWakeupsBeforeATaskWaits(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("nowake-"), url, auditSchemaFor(t, db), s+".w")
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	notified := listenOn(t, ctx, url, objectNames(r.name).channel)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if notified(300 * time.Millisecond) {
+		t.Error("a NOTIFY was sent although no task had asked for one")
+	}
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Fatalf("captured %+v, want the insert", got[0])
+	}
+}

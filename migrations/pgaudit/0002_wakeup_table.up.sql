@@ -12,3 +12,7 @@ COMMENT ON TABLE {{.Wakeup}} IS {{.Marker}};
 -- OWNED BY the table: dropping the table drops it.
 CREATE SEQUENCE IF NOT EXISTS {{.Waiters}} AS bigint MINVALUE 0 START 0 OWNED BY {{.Wakeup}}.task;
 COMMENT ON SEQUENCE {{.Waiters}} IS {{.Marker}};
+-- This file runs only when the table or the sequence is missing, and the
+-- sequence goes with the table: it is new, and no task waits yet. Without
+-- this it would read NULL, which the trigger takes as "notify".
+SELECT pg_catalog.setval({{.WaitersLiteral}}::pg_catalog.regclass, 0, true);
