@@ -217,6 +217,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 				worker.WithKafka(seeds, kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn))),
 				worker.WithLogger(log), worker.WithStatusListener(hk.Status),
 				worker.WithTaskReconfigurationHandler(hk.Reconfigure),
+				worker.WithAbandonedTaskHandler(hk.AbandonedTaskGone),
 				worker.WithGracefulTimeout(cfg.gracefulTimeout),
 				worker.WithTopicCreation(int32(cfg.topicPartitions), int16(cfg.topicReplication)),
 			)

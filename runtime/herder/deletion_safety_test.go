@@ -39,7 +39,8 @@ func callIndex(rec *sampleconn.Recorder, instance, method string) int {
 // the graceful timeout makes the deletion attempt fail visibly; the
 // connector gets no Stop(true) and its shared resources stay until the task
 // has returned; a restart of the task in between does not start a second
-// instance beside the stuck one; the next DELETE completes the deletion.
+// instance beside the stuck one (and the deletion drops the held-back
+// start); the next DELETE completes the deletion.
 func TestDeleteWaitsForAbandonedTask(t *testing.T) {
 	rec := sampleconn.NewRecorder()
 	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
@@ -97,6 +98,10 @@ func TestDeleteWaitsForAbandonedTask(t *testing.T) {
 	}
 	if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
 		t.Errorf("after the deletion: %v, want ErrNotFound", err)
+	}
+	// The held-back restart was dropped by the deletion: it never started.
+	if n := rec.Count(task + " Start"); n != 1 {
+		t.Errorf("task Start calls after the deletion = %d, want 1 (the held-back start is dropped by a deletion)", n)
 	}
 }
 
@@ -480,5 +485,166 @@ func TestCloseIsNotHeldUpByAStuckConnector(t *testing.T) {
 				t.Errorf("%s at the end of Close = %v, want Stop(false) then Stopped", inst, got)
 			}
 		}
+	}
+}
+
+// TestHeldBackTaskStartsWhenStuckInstanceReturns: a task restarted while
+// its previous instance is stuck in Poll past the graceful timeout is held
+// back (never two instances), and started by the herder itself once the
+// stuck instance returns, in the connector's target state (paused too),
+// after whatever operations were queued meanwhile; exactly one instance
+// runs then. A stop or a deletion in between drops the held-back start.
+func TestHeldBackTaskStartsWhenStuckInstanceReturns(t *testing.T) {
+	tests := []struct {
+		name string
+		// meanwhile runs while the stuck instance is still blocked.
+		meanwhile func(t *testing.T, h *Standalone, ctx context.Context, name string, cfg connect.Config)
+		// wantState is the task's state after the stuck instance returned;
+		// "" means the task must not be started again.
+		wantState worker.State
+	}{
+		{name: "nothing", wantState: worker.StateRunning},
+		{
+			name: "restarted again",
+			meanwhile: func(t *testing.T, h *Standalone, ctx context.Context, name string, _ connect.Config) {
+				if err := h.RestartTask(ctx, worker.TaskID{Connector: name, Task: 0}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantState: worker.StateRunning,
+		},
+		{
+			name: "reconfigured",
+			meanwhile: func(t *testing.T, h *Standalone, ctx context.Context, name string, cfg connect.Config) {
+				cfg = cfg.Clone()
+				cfg[sampleconn.KeyRate] = "300"
+				if _, _, err := h.PutConnectorConfig(ctx, name, cfg); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantState: worker.StateRunning,
+		},
+		{
+			name: "paused",
+			meanwhile: func(t *testing.T, h *Standalone, ctx context.Context, name string, _ connect.Config) {
+				if err := h.Pause(ctx, name); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantState: worker.StatePaused,
+		},
+		{
+			name: "stopped",
+			meanwhile: func(t *testing.T, h *Standalone, ctx context.Context, name string, _ connect.Config) {
+				if err := h.Stop(ctx, name); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "deleted",
+			meanwhile: func(t *testing.T, h *Standalone, ctx context.Context, name string, _ connect.Config) {
+				var de *DeletionError
+				if err := h.DeleteConnector(ctx, name); !errors.As(err, &de) {
+					t.Fatalf("DELETE with a stuck task: %v, want a *DeletionError", err)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			gone := make(chan string, 8)
+			hs := newHarness(t, kindReal, t.TempDir(), rec, nil, withHook(func(point, connector string) {
+				if point == hookAbandonedGone {
+					gone <- connector
+				}
+			}))
+			t.Cleanup(rec.ReleaseBlocked) // never leave a goroutine blocked
+			ctx := testCtx(t)
+			name := testenv.Unique("held-")
+			id := worker.TaskID{Connector: name, Task: 0}
+			task := sampleconn.TaskInstance(name, 0)
+			cfg := blockingSource(testenv.Unique("t-"), "200")
+			if _, err := hs.h.CreateConnector(ctx, name, cfg, ""); err != nil {
+				t.Fatal(err)
+			}
+			if err := rec.AwaitCall(ctx, task+" Poll blocking", 1); err != nil {
+				t.Fatal(err)
+			}
+
+			// The restart abandons the stuck instance and holds the new one
+			// back, saying it starts by itself.
+			if err := hs.h.RestartTask(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			if n := rec.Count(task + " Start"); n != 1 {
+				t.Fatalf("task Start calls after restarting a stuck task = %d, want 1 (no second instance beside it)", n)
+			}
+			hs.h.statusMu.Lock()
+			held := hs.h.statuses[id]
+			hs.h.statusMu.Unlock()
+			if held.State != worker.StateFailed || !strings.Contains(held.Trace, "starts by itself once that instance returns") {
+				t.Errorf("status recorded for the held-back task = %+v, want FAILED saying it starts by itself", held)
+			}
+			if tt.meanwhile != nil {
+				tt.meanwhile(t, hs.h, ctx, name, cfg)
+			}
+			if n := rec.Count(task + " Start"); n != 1 {
+				t.Fatalf("task Start calls while the stuck instance is still blocked = %d, want 1", n)
+			}
+
+			rec.ReleaseBlocked()
+			select {
+			case c := <-gone:
+				if c != name {
+					t.Fatalf("abandoned task handled for %q, want %q", c, name)
+				}
+			case <-ctx.Done():
+				t.Fatalf("the herder never handled the return of the stuck instance (calls %v)", rec.CallsOf(task))
+			}
+			// The stuck instance has finished (Stopped, once); the handler has
+			// run, so any start it made has been made.
+			if n := rec.Count(task + " Stopped"); n != 1 {
+				t.Errorf("task Stopped calls after the stuck instance returned = %d, want 1", n)
+			}
+			starts := rec.Count(task + " Start")
+			if tt.wantState == "" {
+				if starts != 1 {
+					t.Errorf("task Start calls after the stuck instance returned = %d, want 1: the task must not start after %s", starts, tt.name)
+				}
+			} else {
+				if starts != 2 {
+					t.Fatalf("task Start calls after the stuck instance returned = %d, want 2 (one held-back start)", starts)
+				}
+				ws, ok := hs.h.w.TaskStatus(id)
+				if !ok || ws.Abandoned {
+					t.Errorf("worker status of the task = %+v %v, want one live instance", ws, ok)
+				}
+				pollUntil(t, "the held-back task to be "+string(tt.wantState), func() bool {
+					ts, err := hs.h.TaskStatus(ctx, id)
+					return err == nil && ts.State == tt.wantState
+				})
+			}
+
+			switch tt.name {
+			case "stopped":
+				// The herder forgot the returned instance: offsets may change
+				// without another stop.
+				if err := hs.h.ResetOffsets(ctx, name); err != nil {
+					t.Errorf("offset reset of the stopped connector after its stuck task returned: %v", err)
+				}
+			case "deleted":
+				if err := hs.h.DeleteConnector(ctx, name); err != nil {
+					t.Fatalf("DELETE after the stuck task returned: %v", err)
+				}
+				if res := rec.Resources(); len(res) != 0 {
+					t.Errorf("resources after the deletion: %v", res)
+				}
+			}
+			if n := rec.Count(task + " Start"); n != max(starts, 1) || n-rec.Count(task+" Stopped") > 1 {
+				t.Errorf("task calls at the end = %v: more than one instance ran at once", rec.CallsOf(task))
+			}
+		})
 	}
 }

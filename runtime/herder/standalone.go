@@ -44,6 +44,11 @@ type WorkerHooks struct {
 	// Reconfigure handles connect.Host.RequestTaskReconfiguration
 	// (worker.WithTaskReconfigurationHandler). It does not block.
 	Reconfigure func(connector string)
+	// AbandonedTaskGone is told that a task instance abandoned after its
+	// graceful timeout has finished and the worker forgot it
+	// (worker.WithAbandonedTaskHandler): a start of that task held back
+	// meanwhile is then made. It does not block.
+	AbandonedTaskGone func(id worker.TaskID)
 }
 
 // NewWorkerFunc creates the worker the herder drives, reporting to
@@ -64,7 +69,9 @@ func WithStore(s store.Store) Option { return func(h *Standalone) { h.store = s 
 func WithPlugins(r *plugins.Registry) Option { return func(h *Standalone) { h.plugins = r } }
 
 // WithWorker sets how the worker is created. It (or WithHookedWorker) is
-// required.
+// required. Such a worker is told only the status listener: use
+// WithHookedWorker for one that can abandon tasks (runtime/worker), or a
+// task held back behind an abandoned instance is never started by itself.
 func WithWorker(f NewWorkerFunc) Option {
 	return func(h *Standalone) {
 		h.newWorker = func(hk WorkerHooks) (Worker, error) { return f(hk.Status) }
@@ -72,7 +79,8 @@ func WithWorker(f NewWorkerFunc) Option {
 }
 
 // WithHookedWorker is WithWorker for a worker that also takes the task
-// reconfiguration hook (worker.WithTaskReconfigurationHandler).
+// reconfiguration hook (worker.WithTaskReconfigurationHandler) and the
+// abandoned-task hook (worker.WithAbandonedTaskHandler).
 func WithHookedWorker(f NewHookedWorkerFunc) Option { return func(h *Standalone) { h.newWorker = f } }
 
 // WithKafkaAdmin sets the admin client used for sink offsets (the consumer
@@ -108,9 +116,13 @@ func WithDeletionAttemptTimeout(d time.Duration) Option {
 const (
 	hookIntentWritten = "intent-written"
 	hookTasksStopped  = "tasks-stopped"
+	// hookAbandonedGone runs (connector name) once the herder has handled
+	// the return of an abandoned task instance, whether it started the
+	// held-back task or not.
+	hookAbandonedGone = "abandoned-task-gone"
 )
 
-// withHook is test-only: fn runs at named points of a deletion.
+// withHook is test-only: fn runs at the named points above.
 func withHook(fn func(point, connector string)) Option {
 	return func(h *Standalone) { h.hook = fn }
 }
@@ -167,12 +179,17 @@ type conn struct {
 	running   bool            // that instance's Start succeeded
 	tasks     []worker.TaskID // task instances the worker knows
 	failure   string          // why the connector is FAILED outside the worker (no plugin, TaskConfigs error)
+	// heldBack lists the tasks whose start waits for their abandoned
+	// previous instance to return (startTaskLocked); abandonedGone starts
+	// them. A stop of the task drops it.
+	heldBack map[int]bool
 
 	// Guarded by Standalone.mu (read by status calls without op):
 	deletion       *store.DeletionIntent
 	retryScheduled bool
-	// cancelStart interrupts a background start at boot (a Start blocked on
-	// an unreachable system) when the user stops, changes or deletes it.
+	// cancelStart interrupts a background start at boot, or of a held-back
+	// task (a Start blocked on an unreachable system), when the user stops,
+	// changes or deletes it.
 	cancelStart context.CancelFunc
 }
 
@@ -217,7 +234,7 @@ func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("herder: missing required options: %s", strings.Join(missing, ", "))
 	}
-	w, err := h.newWorker(WorkerHooks{Status: h.onStatus, Reconfigure: h.requestReconfiguration})
+	w, err := h.newWorker(WorkerHooks{Status: h.onStatus, Reconfigure: h.requestReconfiguration, AbandonedTaskGone: h.abandonedGone})
 	if err != nil {
 		return nil, fmt.Errorf("herder: creating the worker: %w", err)
 	}
@@ -566,19 +583,27 @@ func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 	id := worker.TaskID{Connector: c.name, Task: i}
 	if s, ok := h.w.TaskStatus(id); ok && s.Abandoned {
 		// Never two instances of one task: the abandoned one may still
-		// write (offsets, the ledger) when its blocked call returns.
-		msg := "task not started: its previous instance is still blocked in Poll/Put (or its final commit) past the graceful timeout; restart the task once it returns"
+		// write (offsets, the ledger) when its blocked call returns. The
+		// worker tells abandonedGone when it has, which starts the task
+		// then (if it is still wanted).
+		msg := "task not started yet: its previous instance is still blocked in Poll/Put (or its final commit) past the graceful timeout; the task starts by itself once that instance returns"
 		h.logger(c).Error(msg, "task", i)
-		// Shown once the stuck instance is gone (until then the worker
-		// reports it, marked abandoned).
+		// Shown once the stuck instance is gone and until the held-back
+		// start is made (before, the worker reports the stuck instance,
+		// marked abandoned).
 		h.statusMu.Lock()
 		h.statuses[id] = worker.Status{State: worker.StateFailed, Trace: msg}
 		h.statusMu.Unlock()
 		if !slices.Contains(c.tasks, id) {
 			c.tasks = append(c.tasks, id)
 		}
+		if c.heldBack == nil {
+			c.heldBack = map[int]bool{}
+		}
+		c.heldBack[i] = true
 		return
 	}
+	delete(c.heldBack, i)
 	h.statusMu.Lock()
 	delete(h.statuses, id)
 	h.statusMu.Unlock()
@@ -610,6 +635,9 @@ func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.
 		return nil
 	}
 	h.saveTopics(ctx, c)
+	for _, id := range ids {
+		delete(c.heldBack, id.Task) // stopped: no longer wanted
+	}
 	errs := h.w.StopTasks(ctx, ids, deleted)
 	// An instance the worker still lists did not finish (abandoned after
 	// the graceful timeout, or Stopped still running): it stays in c.tasks
@@ -624,6 +652,71 @@ func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.
 		}
 	}
 	return errs
+}
+
+// abandonedGone is the worker's word that the abandoned instance of id has
+// finished and is forgotten. In a goroutine the herder owns (Close waits
+// for it), under the connector's operation lock like every lifecycle
+// operation, the herder forgets the instance too and makes the start it
+// held back, if one is still wanted: the connector exists and is not being
+// deleted, its target is RUNNING or PAUSED (the task starts in it), the
+// task index is in its current task configs (whose config is used) and no
+// instance of the task runs. Operations queued on the lock before it
+// (restart, reconfiguration, pause, stop, deletion) apply first; those
+// that stop the task drop the held-back start (a restart or
+// reconfiguration makes its own start, held back again if need be).
+func (h *Standalone) abandonedGone(id worker.TaskID) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.bgWG.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.bgWG.Done()
+		c, err := h.lookup(h.bgCtx, id.Connector)
+		if err != nil {
+			return // deleted, or the herder is closing
+		}
+		defer c.unlock()
+		defer h.runHook(hookAbandonedGone, c.name)
+		if h.taskAlive(id) {
+			return // another instance runs (or the id was reused)
+		}
+		c.tasks = slices.DeleteFunc(c.tasks, func(t worker.TaskID) bool { return t == id })
+		if !c.heldBack[id.Task] {
+			return
+		}
+		delete(c.heldBack, id.Task)
+		log := h.logger(c)
+		switch {
+		case h.bgCtx.Err() != nil:
+			return
+		case h.deletionOf(c) != nil:
+			log.Info("the abandoned task instance returned; the connector is being deleted, so the task is not started", "task", id.Task)
+			return
+		case c.rec.Target == worker.TargetStopped:
+			// RUNNING and PAUSED want their tasks (a paused task starts
+			// paused); a STOPPED connector has none.
+			log.Info("the abandoned task instance returned; the connector is stopped, so the task is not started", "task", id.Task, "target_state", c.rec.Target)
+			return
+		case id.Task >= len(c.rec.Tasks):
+			log.Info("the abandoned task instance returned; the connector no longer has this task", "task", id.Task, "tasks", len(c.rec.Tasks))
+			h.forgetStatuses(c.name, len(c.rec.Tasks))
+			return
+		}
+		log.Info("the abandoned task instance returned; starting the task held back behind it", "task", id.Task, "target_state", c.rec.Target)
+		sctx, cancel := context.WithCancel(h.bgCtx)
+		defer cancel()
+		h.mu.Lock()
+		c.cancelStart = cancel
+		h.mu.Unlock()
+		h.startTaskLocked(sctx, c, id.Task)
+		h.mu.Lock()
+		c.cancelStart = nil
+		h.mu.Unlock()
+	}()
 }
 
 // taskAlive reports whether the worker still lists an instance of id after

@@ -206,6 +206,66 @@ func TestGracefulTimeoutAbandons(t *testing.T) {
 	}
 }
 
+// TestAbandonedTaskHandler: the handler set with WithAbandonedTaskHandler
+// is told once, with the task's id, when an abandoned instance finishes
+// after all, and only once the worker no longer lists it; a task that stops
+// in time is never reported.
+func TestAbandonedTaskHandler(t *testing.T) {
+	type call struct {
+		id     TaskID
+		listed bool // TaskStatus still listed the id during the call
+	}
+	calls := make(chan call, 4)
+	var w *Worker
+	e := newEnv(t, WithAbandonedTaskHandler(func(id TaskID) {
+		_, listed := w.TaskStatus(id)
+		calls <- call{id, listed}
+	}))
+	w = e.w
+	stuck, fine := testenv.Unique("stuck-"), testenv.Unique("fine-")
+	topic := testenv.Unique("abandoned-topic-")
+	stuckID, err := e.startTask(sourceConfig(stuck, topic, sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx, KeyGracefulTimeout, "200"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fineID, err := e.startTask(sourceConfig(fine, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.awaitCall(sampleconn.TaskInstance(stuck, 0)+" Poll blocking", 1)
+	e.awaitCall(sampleconn.TaskInstance(fine, 0)+" Poll blocking", 1)
+	errs := e.w.StopTasks(e.ctx(), []TaskID{stuckID, fineID}, false)
+	if !errors.Is(errs[stuckID], errAbandoned) || errs[fineID] != nil {
+		t.Fatalf("StopTasks = %v, want the stuck task abandoned and the other stopped", errs)
+	}
+	select {
+	case c := <-calls:
+		t.Fatalf("handler called with %+v before the abandoned instance returned", c)
+	default:
+	}
+
+	e.rec.ReleaseBlocked()
+	select {
+	case c := <-calls:
+		if c.id != stuckID || c.listed {
+			t.Errorf("handler called with %+v, want %+v no longer listed", c, stuckID)
+		}
+	case <-e.ctx().Done():
+		t.Fatal("handler not called after the abandoned instance returned")
+	}
+	if n := e.rec.Count(sampleconn.TaskInstance(stuck, 0) + " Stopped"); n != 1 {
+		t.Errorf("Stopped of the abandoned instance called %d times before the handler, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.w.Close(ctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if len(calls) != 0 {
+		t.Errorf("handler called again: %+v", <-calls)
+	}
+}
+
 func TestPauseAndResume(t *testing.T) {
 	for _, sink := range []bool{false, true} {
 		t.Run(map[bool]string{false: "source", true: "sink"}[sink], func(t *testing.T) {

@@ -367,10 +367,16 @@ func (t *taskInstance) runTask() {
 	t.mu.Unlock()
 	if abandoned {
 		t.w.mu.Lock()
-		if t.w.tasks[t.id] == t {
+		cur, ok := t.w.tasks[t.id]
+		if cur == t {
 			delete(t.w.tasks, t.id)
 		}
 		t.w.mu.Unlock()
+		if !ok || cur == t {
+			// Forgotten (here, or by a StopTasks that saw it finish): the
+			// caller may start the task again.
+			t.w.abandonedGone(t.id)
+		}
 	}
 }
 

@@ -35,6 +35,7 @@ type Worker struct {
 	topicPartitions  int32
 	topicReplication int16
 	reconfigure      func(connector string)
+	abandonedGone    func(id TaskID)
 
 	adminOnce sync.Once
 	admin     *kgo.Client
@@ -110,6 +111,17 @@ func WithTaskReconfigurationHandler(f func(connector string)) Opt {
 	return func(w *Worker) { w.reconfigure = f }
 }
 
+// WithAbandonedTaskHandler sets what is told, with the task's id, that an
+// instance abandoned after its graceful timeout has finished after all (its
+// Poll/Put returned, its final commit and Stopped ran) and the worker has
+// forgotten it: TaskStatus no longer lists it, so the id is free for a new
+// instance. It is called once per such instance, from the instance's
+// goroutine, and must not block. It is not called when another instance
+// already runs under the id (a caller started one beside the abandoned one).
+func WithAbandonedTaskHandler(f func(id TaskID)) Opt {
+	return func(w *Worker) { w.abandonedGone = f }
+}
+
 // Errors callers can test with errors.Is.
 var (
 	ErrUnknownPlugin = errors.New("unknown connector plugin")
@@ -159,6 +171,9 @@ func New(opts ...Opt) (*Worker, error) {
 	}
 	if w.reconfigure == nil {
 		w.reconfigure = func(string) {}
+	}
+	if w.abandonedGone == nil {
+		w.abandonedGone = func(TaskID) {}
 	}
 	return w, nil
 }
