@@ -66,7 +66,7 @@ func ConfigDef() connect.ConfigDef {
 				return nil
 			}},
 		{Name: KeyAuditSchema, Type: connect.TypeString, Default: "tidyconnect", Importance: connect.ImportanceMedium, Group: "Capture", Order: 4,
-			DisplayName: "Audit schema", Doc: "Schema holding the connector's audit table and trigger function; created (and then owned) if missing.",
+			DisplayName: "Audit schema", Doc: "Schema holding the connector's audit table, wake-up table (with its sequence) and trigger function; created (and then owned) if missing.",
 			Validate: func(v string) error {
 				if len(v) > 63 {
 					return fmt.Errorf("a PostgreSQL identifier has at most 63 bytes")
@@ -80,7 +80,7 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyPollIntervalMS, Type: connect.TypeInt, Default: "1000", Importance: connect.ImportanceLow, Group: "Capture", Order: 7,
 			DisplayName: "Poll interval (ms)", Doc: "Fallback poll interval; wake-ups come from LISTEN/NOTIFY.", Validate: positive},
 		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
-			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, function, audit table and (if owned and empty) schema when the connector is deleted; false keeps everything."},
+			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, function, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
 	}
 }
 
@@ -114,6 +114,11 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s := settings{name: name, url: cfg[KeyURL], topicPrefix: cfg[KeyTopicPrefix], auditSchema: cfg[KeyAuditSchema]}
 	if name == "" {
 		errs["name"] = append(errs["name"], "the connector name is missing")
+	}
+	if v, ok := cfg[KeyAuditSchema]; ok && v == "" {
+		// Present but empty: the definition's checks skip empty optional
+		// values, and the default fills only absent keys.
+		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], "must not be empty (leave the key out for the default, tidyconnect)")
 	}
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 	"github.com/tidyconnect/tidyconnect/runtime/rest"
@@ -38,13 +39,18 @@ func TestREST(t *testing.T) {
 	audit := auditSchemaFor(t, db)
 	bad := []struct {
 		name, tables, url, mention string
+		edit                       func(connect.Config)
 	}{
-		{"missing table", s + ".nope", pwURL, "does not exist"},
-		{"malformed list", s + ".orders,,", pwURL, "malformed"},
-		{"unreachable", s + ".orders", "postgres://postgres:pw123@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", "127.0.0.1:1"},
+		{"missing table", s + ".nope", pwURL, "does not exist", nil},
+		{"malformed list", s + ".orders,,", pwURL, "malformed", nil},
+		{"unreachable", s + ".orders", "postgres://postgres:pw123@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", "127.0.0.1:1", nil},
+		{"blank audit schema", s + ".orders", pwURL, KeyAuditSchema, func(c connect.Config) { c[KeyAuditSchema] = "" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)
+		if tt.edit != nil {
+			tt.edit(cfg)
+		}
 		code, body := call("POST", "/connectors", map[string]any{"name": cfg["name"], "config": cfg})
 		if code != http.StatusBadRequest || !strings.Contains(body, tt.mention) || strings.Contains(body, "pw123") {
 			t.Errorf("%s: POST /connectors = %d %s, want 400 naming %q without the password", tt.name, code, body, tt.mention)
