@@ -347,19 +347,23 @@ func TestStopAloneInterruptsPoll(t *testing.T) {
 	r := startConnector(t, cfg, connect.NewMemoryLedger())
 	defer func() { _ = r.stop(true) }()
 	done := make(chan error, 1)
+	// The first wait without a notification lasts the whole 10-minute
+	// interval: only Stop can end it.
+	r.tasks[0].idleStep = 10 * time.Minute
 	go func() {
 		_, err := r.tasks[0].Poll(context.Background()) // never cancelled by the caller
 		done <- err
 	}()
 	awaitWaiting(t, db, cfg[KeyAuditSchema], objectNames(r.name), true)
+	time.Sleep(50 * time.Millisecond) // let the Poll enter its LISTEN wait; Stop must work either way
 	r.tasks[0].Stop(false)
 	select {
 	case err := <-done:
 		if err == nil {
 			t.Error("Poll returned no error after Stop; want the cancellation")
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Poll still blocked 30s after Stop")
+	case <-time.After(5 * time.Second):
+		t.Fatal("Poll still blocked in its LISTEN wait 5s after Stop")
 	}
 }
 

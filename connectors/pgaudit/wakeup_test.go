@@ -29,12 +29,15 @@ func TestWakeups(t *testing.T) {
 
 	notified := listenOn(t, ctx, url, n.channel)
 
-	// A Poll blocks (the interval is 10 minutes) until the insert wakes it.
+	// A Poll blocks until the insert wakes it: the interval is 10 minutes,
+	// and so is its first wait without a notification (the doubling idle
+	// step starts high), so only the task's own LISTEN can end it early.
 	type result struct {
 		recs []connect.SourceRecord
 		err  error
 	}
 	done := make(chan result, 1)
+	r.tasks[0].idleStep = 10 * time.Minute
 	go func() {
 		recs, err := r.tasks[0].Poll(ctx)
 		done <- result{recs, err}
@@ -44,7 +47,12 @@ func TestWakeups(t *testing.T) {
 	if !notified(10 * time.Second) {
 		t.Error("no NOTIFY while the task was waiting")
 	}
-	res := <-done
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the NOTIFY did not wake the task's Poll within 10s")
+	}
 	if res.err != nil || len(res.recs) != 1 {
 		t.Fatalf("Poll: %d records, %v", len(res.recs), res.err)
 	}
