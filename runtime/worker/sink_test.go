@@ -241,3 +241,34 @@ func TestSinkFlushesWhilePaused(t *testing.T) {
 		t.Errorf("status %+v", s)
 	}
 }
+
+// TestSinkOpenFailureFailsTask: a PartitionAware sink whose Open returns an
+// error on assignment ends FAILED with a trace naming Open, the partitions
+// and the task's own error, and gets Stop(false) and then Stopped exactly
+// once, last.
+func TestSinkOpenFailureFailsTask(t *testing.T) {
+	e := newEnv(t)
+	name, topic := testenv.Unique("open-"), testenv.Unique("open-topic-")
+	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
+	id, err := e.startTask(sinkConfig(name, topic, sampleconn.KeyFailOpen, "true"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	s := e.awaitTaskState(id, StateFailed)
+	for _, want := range []string{"Open(", topic, "Open failed as " + sampleconn.KeyFailOpen + " asked"} {
+		if !strings.Contains(s.Trace, want) {
+			t.Errorf("trace %q does not contain %q", s.Trace, want)
+		}
+	}
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+	if i, j := slices.Index(e.rec.CallsOf(inst), "Open(1)"), slices.Index(e.rec.CallsOf(inst), "Stop(false)"); i < 0 || j < i {
+		t.Errorf("calls %v: want the failed Open, then Stop(false)", e.rec.CallsOf(inst))
+	}
+	// Stopping a failed task calls nothing more on it.
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Errorf("StopTasks of the failed task: %v", errs[id])
+	}
+	e.checkStoppedLast(inst)
+}

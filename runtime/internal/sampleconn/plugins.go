@@ -37,6 +37,7 @@ const (
 	KeyFlushUpTo    = "sample.flush.upto"    // sink: Flush reports offsets below this one only; -1 = all
 	KeyErrant       = "sample.errant.value"  // sink: records with this value go to Host.Errors.Report
 	KeyBlockFlush   = "sample.block.flush"   // sink: Flush after Stop blocks until the test releases it (ignores ctx)
+	KeyFailOpen     = "sample.fail.open"     // sink: PartitionAware.Open returns an error
 	KeyBlockStopped = "sample.block.stopped" // connector and tasks: Stopped blocks until the test releases it (ignores ctx)
 	KeyTaskID       = "sample.task.id"       // set by TaskConfigs
 	KeyPassword     = "sample.password"      // a secret, for masking tests
@@ -112,6 +113,7 @@ func SinkConfigDef() connect.ConfigDef {
 	return append(connect.ConfigDef{
 		{Name: KeyFlushUpTo, Type: connect.TypeLong, Default: "-1", Doc: "Flush reports offsets only below this one (per partition); -1 for everything put.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
 		{Name: KeyBlockFlush, Type: connect.TypeBoolean, Default: "false", Doc: "A Flush after Stop blocks, ignoring its context, until the test releases it (a slow final flush).", Importance: connect.ImportanceLow},
+		{Name: KeyFailOpen, Type: connect.TypeBoolean, Default: "false", Doc: "PartitionAware.Open returns an error (limited by sample.fail.task).", Importance: connect.ImportanceLow},
 		{Name: KeyErrant, Type: connect.TypeString, Doc: "Records with exactly this value are reported as errant (Host.Errors) instead of stored.", Importance: connect.ImportanceLow},
 	}, commonDef()...)
 }

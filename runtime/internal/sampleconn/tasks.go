@@ -168,6 +168,7 @@ type SinkTask struct {
 	upTo       int64
 	have       map[connect.TopicPartition]int64
 	blockFlush bool
+	failOpen   bool
 }
 
 func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
@@ -179,6 +180,7 @@ func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
 	u, _ := cfg.Int(KeyFlushUpTo, -1)
 	t.upTo = int64(u)
 	t.blockFlush, _ = cfg.Bool(KeyBlockFlush, false)
+	t.failOpen, _ = cfg.Bool(KeyFailOpen, false)
 	if v, ok := cfg[KeyErrant]; ok && v != "" {
 		t.errant = []byte(v)
 	}
@@ -244,6 +246,11 @@ func (t *SinkTask) Flush(context.Context) (map[connect.TopicPartition]int64, err
 
 // Open and Close make the sample sink connect.PartitionAware.
 func (t *SinkTask) Open(_ context.Context, tps []connect.TopicPartition) error {
+	if t.failOpen && t.knobs.applies(t.host.Task) {
+		err := fmt.Errorf("%s: Open failed as %s asked", t.instance, KeyFailOpen)
+		t.rec.record(t.instance, fmt.Sprintf("Open(%d)", len(tps)), err)
+		return err
+	}
 	t.rec.record(t.instance, fmt.Sprintf("Open(%d)", len(tps)), nil)
 	return nil
 }
