@@ -20,10 +20,11 @@ const (
 	KindTrigger  = "postgres.trigger"
 	KindFunction = "postgres.function"
 	KindTable    = "postgres.table"
+	KindSequence = "postgres.sequence"
 	KindSchema   = "postgres.schema"
 )
 
-var dropOrder = []string{KindTrigger, KindFunction, KindTable, KindSchema}
+var dropOrder = []string{KindTrigger, KindFunction, KindSequence, KindTable, KindSchema}
 
 // Connector provisions and drops the shared objects and splits the tables
 // over tasks. It holds no connection while running.
@@ -201,6 +202,10 @@ func schemaRes(db, schema string) connect.Resource {
 
 func tableRes(db, schema, table string) connect.Resource {
 	return connect.Resource{Kind: KindTable, Name: table, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
+}
+
+func sequenceRes(db, schema, sequence string) connect.Resource {
+	return connect.Resource{Kind: KindSequence, Name: sequence, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
 }
 
 func functionRes(db, schema string, n names) connect.Resource {
@@ -508,6 +513,11 @@ SELECT current_database()::text,
 				return err
 			}
 		}
+		if !waitersExists {
+			if err := own(sequenceRes(db, s.auditSchema, n.waiters)); err != nil {
+				return err
+			}
+		}
 		if err := add("0002_wakeup_table.up.sql", "", v); err != nil {
 			return err
 		}
@@ -727,7 +737,7 @@ JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n`, trigS,
 			err = tx.QueryRow(ctx, `SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p
 JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace WHERE ns.nspname = $1 AND p.proname = $2 AND p.pronargs = 0`,
 				tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")).Scan(&marker)
-		case KindTable:
+		case KindTable, KindSequence:
 			err = tx.QueryRow(ctx, `SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1 AND c.relname = $2`,
 				tg.parts[0], tg.r.Name).Scan(&marker)
@@ -758,6 +768,8 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{tg.r.Name}.Sanitize(), pgx.Identifier(tg.parts).Sanitize())
 		case KindFunction:
 			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s();\n", pgx.Identifier{tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")}.Sanitize())
+		case KindSequence:
+			fmt.Fprintf(&script, "DROP SEQUENCE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 		case KindTable:
 			fmt.Fprintf(&script, "DROP TABLE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 		case KindSchema:

@@ -17,13 +17,13 @@ func resourceExists(ctx context.Context, db *pgxpool.Pool, r connect.Resource) (
 	case KindSchema:
 		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, r.Name).Scan(&ok)
 		return ok, err
-	case KindTable, KindFunction, KindTrigger:
+	case KindTable, KindSequence, KindFunction, KindTrigger:
 		_, parts, err := parseQualified(r.Location)
 		if err != nil {
 			return false, err
 		}
 		switch r.Kind {
-		case KindTable:
+		case KindTable, KindSequence:
 			err = db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{parts[0], r.Name}.Sanitize()).Scan(&ok)
 		case KindFunction:
 			err = db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, pgx.Identifier{parts[0], r.Name[:len(r.Name)-2]}.Sanitize()+"()").Scan(&ok)

@@ -158,12 +158,22 @@ func TestOutageThroughRuntime(t *testing.T) {
 	// Deletion while the database is away.
 	px.down()
 	code, body := st.call("DELETE", "/connectors/"+name, nil)
-	if code < 400 || !strings.Contains(body, "remaining") || strings.Contains(body, "secret") {
-		t.Fatalf("DELETE while away = %d %s, want an error naming what remains", code, body)
+	if code != http.StatusInternalServerError || !strings.Contains(body, "remaining") || strings.Contains(body, "secret") {
+		t.Fatalf("DELETE while away = %d %s, want 500 naming what remains", code, body)
 	}
 	_, status := st.call("GET", "/connectors/"+name+"/status", nil)
-	if !strings.Contains(status, `"deletion"`) || !strings.Contains(status, objectNames(name).table) {
-		t.Errorf("status during the failed deletion does not name what remains: %s", status)
+	n := objectNames(name)
+	remaining := []string{n.table, n.wakeup, n.waiters, n.function, cfg[KeyAuditSchema]}
+	for _, e := range triggerEvents {
+		remaining = append(remaining, n.trigger(e))
+	}
+	if !strings.Contains(status, `"deletion"`) || !strings.Contains(status, `"FAILED"`) {
+		t.Errorf("status during the failed deletion is not FAILED with its deletion progress: %s", status)
+	}
+	for _, obj := range remaining {
+		if !strings.Contains(status, obj) {
+			t.Errorf("status during the failed deletion does not name the remaining %s: %s", obj, status)
+		}
 	}
 	if !relExists(t, db, cfg[KeyAuditSchema], objectNames(name).table) {
 		t.Fatal("the audit table vanished although the database was unreachable")
