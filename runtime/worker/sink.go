@@ -126,6 +126,12 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 			})
 			s.mu.Unlock()
 		}
+		// An Open that failed in this poll's assignment callback fails the
+		// task before its partitions' records reach Put (Kafka Connect never
+		// puts records of partitions whose open failed).
+		if err := s.takeAsyncErr(); err != nil {
+			return final, err
+		}
 		if err := s.put(); err != nil {
 			return final, err
 		}

@@ -245,7 +245,7 @@ func TestSinkFlushesWhilePaused(t *testing.T) {
 // TestSinkOpenFailureFailsTask: a PartitionAware sink whose Open returns an
 // error on assignment ends FAILED with a trace naming Open, the partitions
 // and the task's own error, and gets Stop(false) and then Stopped exactly
-// once, last.
+// once, last; the fetched records never reach Put.
 func TestSinkOpenFailureFailsTask(t *testing.T) {
 	e := newEnv(t)
 	name, topic := testenv.Unique("open-"), testenv.Unique("open-topic-")
@@ -265,6 +265,13 @@ func TestSinkOpenFailureFailsTask(t *testing.T) {
 	e.checkStoppedLast(inst)
 	if i, j := slices.Index(e.rec.CallsOf(inst), "Open(1)"), slices.Index(e.rec.CallsOf(inst), "Stop(false)"); i < 0 || j < i {
 		t.Errorf("calls %v: want the failed Open, then Stop(false)", e.rec.CallsOf(inst))
+	}
+	// The records of partitions whose Open failed never reach Put.
+	for _, c := range e.rec.CallsOf(inst) {
+		if strings.HasPrefix(c, "Put(") {
+			t.Errorf("calls %v: a Put after the failed Open", e.rec.CallsOf(inst))
+			break
+		}
 	}
 	// Stopping a failed task calls nothing more on it.
 	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
