@@ -555,7 +555,7 @@ SELECT current_database()::text,
 		configured[t.quoted()] = true
 		for _, e := range triggerEvents {
 			trig := n.trigger(e)
-			if existing[t.quoted()+" "+trig] {
+			if _, ok := existing[t.quoted()+" "+trig]; ok {
 				continue
 			}
 			if err := own(triggerRes(db, t, trig)); err != nil {
@@ -585,7 +585,12 @@ SELECT current_database()::text,
 		if configured[t.quoted()] {
 			continue
 		}
-		if existing[t.quoted()+" "+r.Name] {
+		marker, ok := existing[t.quoted()+" "+r.Name]
+		switch {
+		case !ok:
+		case marker == nil || *marker != n.marker:
+			h.Logger.Warn("not dropping a trigger that no longer carries this connector's marker (someone replaced it)", "resource", r.String())
+		default:
 			tv := v
 			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{r.Name}.Sanitize()
 			if err := add("0004_table_triggers.down.sql", "", tv); err != nil {
@@ -620,13 +625,13 @@ SELECT current_database()::text,
 	return nil
 }
 
-// existingTriggers returns "<quoted table> <trigger>" for every trigger with
-// one of the given names.
+// existingTriggers maps "<quoted table> <trigger>" of every trigger with
+// one of the given names to its comment (nil without one).
 func existingTriggers(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, trigNames []string) (map[string]bool, error) {
+}, trigNames []string) (map[string]*string, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, t.tgname::text
+SELECT ns.nspname::text, c.relname::text, t.tgname::text, obj_description(t.oid, 'pg_trigger')
 FROM pg_catalog.pg_trigger t
 JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
@@ -634,14 +639,15 @@ WHERE NOT t.tgisinternal AND t.tgname = ANY($1::text[])`, trigNames)
 	if err != nil {
 		return nil, fmt.Errorf("listing existing triggers: %w", err)
 	}
-	out := map[string]bool{}
+	out := map[string]*string{}
 	for rows.Next() {
 		var s, t, g string
-		if err := rows.Scan(&s, &t, &g); err != nil {
+		var comment *string
+		if err := rows.Scan(&s, &t, &g, &comment); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		out[tableName{s, t}.quoted()+" "+g] = true
+		out[tableName{s, t}.quoted()+" "+g] = comment
 	}
 	rows.Close()
 	return out, rows.Err()

@@ -93,8 +93,18 @@ func TestCleanupOnDeleteFalse(t *testing.T) {
 	if err := r.stop(true); err != nil {
 		t.Fatal(err)
 	}
-	if !relExists(t, db, audit, objectNames(r.name).table) || triggerCount(t, db, s, "kept") != 4 {
-		t.Error("cleanup.on.delete=false dropped objects")
+	n := objectNames(r.name)
+	for _, rel := range []string{n.table, n.wakeup, n.waiters} {
+		if !relExists(t, db, audit, rel) {
+			t.Errorf("cleanup.on.delete=false dropped %s", rel)
+		}
+	}
+	if triggerCount(t, db, s, "kept") != 4 {
+		t.Error("cleanup.on.delete=false dropped triggers")
+	}
+	// Handed over to the database's users: nothing is owned any more.
+	if left, err := l.List(testCtx(t)); err != nil || len(left) != 0 {
+		t.Errorf("ledger after the deletion: %v (%v), want empty", left, err)
 	}
 }
 
@@ -190,6 +200,44 @@ func TestReconfigure(t *testing.T) {
 		t.Errorf("got a change of %s, want c (b's undelivered change is purged)", c[0].Source.Table)
 	}
 	r.quiet()
+}
+
+// TestReconfigureKeepsAReplacedTrigger: removing a table drops only those of
+// its triggers that still carry this connector's marker; one that someone
+// replaced (here: re-commented) under the same name is left alone, and the
+// ledger lets go of all of them.
+func TestReconfigureKeepsAReplacedTrigger(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	for _, n := range []string{"a", "b"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int)`)
+	}
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("reconf-keep-"), url, auditSchemaFor(t, db), s+".a", s+".b")
+	r := startConnector(t, cfg, l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	replaced := objectNames(cfg["name"]).trigger("INSERT")
+	mustExec(t, db, `COMMENT ON TRIGGER `+pgx.Identifier{replaced}.Sanitize()+` ON `+qualified(s, "b")+` IS 'the DBA''s own trigger now'`)
+	cfg2 := cfg.Clone()
+	cfg2[KeyTables] = s + ".a"
+	r = startConnector(t, cfg2, l)
+	defer func() { _ = r.stop(true) }()
+	if got := triggerCount(t, db, s, "b"); got != 1 {
+		t.Errorf("%d triggers on b, want 1 (only the replaced one kept)", got)
+	}
+	var kept bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`, qualified(s, "b"), replaced).Scan(&kept); err != nil || !kept {
+		t.Errorf("the replaced trigger %s on b was dropped (%v)", replaced, err)
+	}
+	rs, _ := l.List(ctx)
+	for _, res := range rs {
+		if strings.Contains(res.Location, `"b"`) {
+			t.Errorf("ledger still lists %v", res)
+		}
+	}
 }
 
 // TestStoppedReleasesConnections: after Stopped, pg_stat_activity shows no

@@ -65,7 +65,7 @@ func TestObjectNames(t *testing.T) {
 	for _, tt := range tests {
 		na, nb := objectNames(tt.a), objectNames(tt.b)
 		for _, n := range []names{na, nb} {
-			for _, id := range []string{n.table, n.function, n.channel, n.trigger("TRUNCATE")} {
+			for _, id := range []string{n.table, n.wakeup, n.waiters, n.function, n.channel, n.trigger("TRUNCATE")} {
 				if len(id) > 63 {
 					t.Errorf("%q is longer than 63 bytes", id)
 				}
