@@ -109,6 +109,7 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 			KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
 			KeyTables:          formatTables(s.tables),
 			keyTaskTables:      formatTables(g),
+			keyTaskCount:       fmt.Sprint(n),
 			KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
 		}
 		out[i] = tc

@@ -35,6 +35,10 @@ const (
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
+	// keyTaskCount is set by TaskConfigs: how many tasks the connector
+	// runs, so a task can tell the wakeup rows of tasks that no longer
+	// exist.
+	keyTaskCount = "task.count"
 )
 
 // Plugin returns the pgaudit plugin.

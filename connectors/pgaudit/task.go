@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,7 +62,9 @@ type Task struct {
 	lockWakeupSQL  string
 	markSQL        string
 	unmarkSQL      string
+	pruneSQL       string
 	countSQL       string
+	taskCount      int // tasks of the connector; rows of higher task ids are stale
 
 	// mark is what this task's row in the wakeup table says: while it
 	// says waiting the capture trigger sends NOTIFYs (it reads the count
@@ -144,6 +147,16 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 		t.tables = ts
 	}
 	t.all = len(t.tables) == len(s.tables)
+	// Without the key (task configs of an earlier version) no row counts
+	// as stale.
+	t.taskCount = math.MaxInt32
+	if v, ok := cfg[keyTaskCount]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("task configuration %s: %q is not a positive task count", keyTaskCount, v)
+		}
+		t.taskCount = n
+	}
 	t.inflight = map[int64]*inflightRow{}
 	t.pendingProgress = map[int64]int{}
 
@@ -180,6 +193,9 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.lockWakeupSQL = `LOCK TABLE ` + wt + ` IN EXCLUSIVE MODE`
 	t.markSQL = `INSERT INTO ` + wt + ` (task, waiting) VALUES ($1, $2) ON CONFLICT (task) DO UPDATE SET waiting = excluded.waiting`
 	t.unmarkSQL = `DELETE FROM ` + wt + ` WHERE task = $1`
+	// A task killed while waiting leaves its row saying so; once the
+	// connector runs fewer tasks, nothing would clear it.
+	t.pruneSQL = `DELETE FROM ` + wt + ` WHERE task >= $1`
 	t.countSQL = `SELECT pg_catalog.setval(` + quoteLiteral(pgx.Identifier{s.auditSchema, t.n.waiters}.Sanitize()) + `::pg_catalog.regclass, (SELECT count(*) FROM ` + wt + ` WHERE waiting), true)`
 	t.mark = markUnknown // a row left by an earlier run of this task may say waiting
 	if err := t.listen(ctx); err != nil {
@@ -395,6 +411,7 @@ func (t *Task) setWaiting(ctx context.Context, waiting, remove bool) error {
 		} else {
 			b.Queue(t.markSQL, t.host.Task, waiting)
 		}
+		b.Queue(t.pruneSQL, t.taskCount)
 		b.Queue(t.countSQL)
 		return tx.SendBatch(ctx, b).Close()
 	})

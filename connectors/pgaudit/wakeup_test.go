@@ -337,3 +337,32 @@ func TestNoWakeupsBeforeATaskWaits(t *testing.T) {
 		t.Fatalf("captured %+v, want the insert", got[0])
 	}
 }
+
+// TestStaleWakeupRowsPruned: a row left by a task that no longer exists
+// (killed while waiting, then the connector ran fewer tasks) is removed at
+// the next mark, so writers stop paying for NOTIFYs nobody waits for.
+func TestStaleWakeupRowsPruned(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("stale-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "600000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	n := objectNames(r.name)
+	mustExec(t, db, `INSERT INTO `+qualified(cfg[KeyAuditSchema], n.wakeup)+` VALUES (3, true)`) // task 3 of an earlier tasks.max
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.tasks[0].Poll(ctx)
+		done <- err
+	}()
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 1 }, "only the running task waiting")
+	var stale bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+qualified(cfg[KeyAuditSchema], n.wakeup)+` WHERE task = 3)`).Scan(&stale); err != nil || stale {
+		t.Errorf("the stale row of task 3 is still there (%v)", err)
+	}
+	r.tasks[0].Stop(false)
+	<-done
+}
