@@ -61,6 +61,10 @@ func (t *taskInstance) getStatus() Status {
 
 func (t *taskInstance) setStatus(s Status) {
 	t.mu.Lock()
+	// Once abandoned, always abandoned: a late failure of the blocked
+	// call must not hide it, or the herder would start a second instance
+	// beside one that may still commit and run Stopped.
+	s.Abandoned = s.Abandoned || t.abandoned
 	t.status = s
 	t.mu.Unlock()
 	t.reportIfCurrent(s)
