@@ -547,7 +547,7 @@ SELECT current_database()::text,
 	for i, e := range triggerEvents {
 		trigNames[i] = n.trigger(e)
 	}
-	existing, err := existingTriggers(ctx, tx, trigNames)
+	existing, err := existingTriggers(ctx, tx, trigNames, n.marker)
 	if err != nil {
 		return err
 	}
@@ -626,17 +626,25 @@ SELECT current_database()::text,
 	return nil
 }
 
+// triggerMarkerSQL is a trigger's ownership marker: marker itself when the
+// trigger calls a function carrying it (whatever the trigger's own comment
+// says, it cannot outlive that function, which deletion drops), else the
+// trigger's comment. tg is the pg_trigger row, $1 the marker.
+const triggerMarkerSQL = `CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid = tg.tgfoid AND obj_description(p.oid, 'pg_proc') = $1::text)
+            THEN $1::text ELSE obj_description(tg.oid, 'pg_trigger') END`
+
 // existingTriggers maps "<quoted table> <trigger>" of every trigger with
-// one of the given names to its comment (nil without one).
+// one of the given names to its ownership marker (triggerMarkerSQL; nil
+// without one).
 func existingTriggers(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, trigNames []string) (map[string]*string, error) {
+}, trigNames []string, marker string) (map[string]*string, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, t.tgname::text, obj_description(t.oid, 'pg_trigger')
-FROM pg_catalog.pg_trigger t
-JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text, `+triggerMarkerSQL+`
+FROM pg_catalog.pg_trigger tg
+JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-WHERE NOT t.tgisinternal AND t.tgname = ANY($1::text[])`, trigNames)
+WHERE NOT tg.tgisinternal AND tg.tgname = ANY($2::text[])`, marker, trigNames)
 	if err != nil {
 		return nil, fmt.Errorf("listing existing triggers: %w", err)
 	}
@@ -706,11 +714,11 @@ func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect
 	trigMarkers := map[string]*string{}
 	if len(trigN) > 0 {
 		rows, err := tx.Query(ctx, `
-SELECT x.s, x.t, x.n, obj_description(tg.oid, 'pg_trigger')
-FROM unnest($1::text[], $2::text[], $3::text[]) AS x(s, t, n)
+SELECT x.s, x.t, x.n, `+triggerMarkerSQL+`
+FROM unnest($2::text[], $3::text[], $4::text[]) AS x(s, t, n)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
-JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n`, trigS, trigT, trigN)
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n`, n.marker, trigS, trigT, trigN)
 		if err != nil {
 			return fmt.Errorf("inspecting triggers: %w", err)
 		}

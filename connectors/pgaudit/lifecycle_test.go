@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -202,41 +203,66 @@ func TestReconfigure(t *testing.T) {
 	r.quiet()
 }
 
-// TestReconfigureKeepsAReplacedTrigger: removing a table drops only those of
-// its triggers that still carry this connector's marker; one that someone
-// replaced (here: re-commented) under the same name is left alone, and the
-// ledger lets go of all of them.
+// TestReconfigureKeepsAReplacedTrigger: removing a table drops those of its
+// triggers that are still the connector's; one that someone replaced under
+// the same name with a trigger of their own is left alone, and the ledger
+// lets go of all of them. A trigger that still calls the connector's
+// function is the connector's whatever its comment says: keeping it would
+// keep capturing and make the function impossible to drop at deletion.
 func TestReconfigureKeepsAReplacedTrigger(t *testing.T) {
-	db, url := admin(t)
-	ctx := testCtx(t)
-	s := newSchema(t, db)
-	for _, n := range []string{"a", "b"} {
-		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int)`)
+	tests := []struct {
+		name     string
+		replace  func(t *testing.T, db *pgxpool.Pool, s, trigger string)
+		wantKept bool
+	}{
+		{"replaced by the DBA's own trigger", func(t *testing.T, db *pgxpool.Pool, s, trigger string) {
+			mustExec(t, db, `CREATE FUNCTION `+qualified(s, "own")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$`)
+			mustExec(t, db, `DROP TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` ON `+qualified(s, "b"))
+			mustExec(t, db, `CREATE TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` AFTER INSERT ON `+qualified(s, "b")+` FOR EACH STATEMENT EXECUTE FUNCTION `+qualified(s, "own")+`()`)
+		}, true},
+		{"re-commented but still calling the connector's function", func(t *testing.T, db *pgxpool.Pool, s, trigger string) {
+			mustExec(t, db, `COMMENT ON TRIGGER `+pgx.Identifier{trigger}.Sanitize()+` ON `+qualified(s, "b")+` IS 'the DBA''s now'`)
+		}, false},
 	}
-	l := connect.NewMemoryLedger()
-	cfg := baseConfig(testenv.Unique("reconf-keep-"), url, auditSchemaFor(t, db), s+".a", s+".b")
-	r := startConnector(t, cfg, l)
-	if err := r.stop(false); err != nil {
-		t.Fatal(err)
-	}
-	replaced := objectNames(cfg["name"]).trigger("INSERT")
-	mustExec(t, db, `COMMENT ON TRIGGER `+pgx.Identifier{replaced}.Sanitize()+` ON `+qualified(s, "b")+` IS 'the DBA''s own trigger now'`)
-	cfg2 := cfg.Clone()
-	cfg2[KeyTables] = s + ".a"
-	r = startConnector(t, cfg2, l)
-	defer func() { _ = r.stop(true) }()
-	if got := triggerCount(t, db, s, "b"); got != 1 {
-		t.Errorf("%d triggers on b, want 1 (only the replaced one kept)", got)
-	}
-	var kept bool
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2)`, qualified(s, "b"), replaced).Scan(&kept); err != nil || !kept {
-		t.Errorf("the replaced trigger %s on b was dropped (%v)", replaced, err)
-	}
-	rs, _ := l.List(ctx)
-	for _, res := range rs {
-		if strings.Contains(res.Location, `"b"`) {
-			t.Errorf("ledger still lists %v", res)
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, url := admin(t)
+			ctx := testCtx(t)
+			s := newSchema(t, db)
+			for _, n := range []string{"a", "b"} {
+				mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int)`)
+			}
+			l := connect.NewMemoryLedger()
+			cfg := baseConfig(testenv.Unique("reconf-keep-"), url, auditSchemaFor(t, db), s+".a", s+".b")
+			r := startConnector(t, cfg, l)
+			if err := r.stop(false); err != nil {
+				t.Fatal(err)
+			}
+			trigger := objectNames(cfg["name"]).trigger("INSERT")
+			tt.replace(t, db, s, trigger)
+			cfg2 := cfg.Clone()
+			cfg2[KeyTables] = s + ".a"
+			r = startConnector(t, cfg2, l)
+			want := 0
+			if tt.wantKept {
+				want = 1
+			}
+			if got := triggerCount(t, db, s, "b"); got != want {
+				t.Errorf("%d triggers on b after the reconfiguration, want %d", got, want)
+			}
+			rs, _ := l.List(ctx)
+			for _, res := range rs {
+				if strings.Contains(res.Location, `"b"`) {
+					t.Errorf("ledger still lists %v", res)
+				}
+			}
+			if err := r.stop(true); err != nil {
+				t.Fatalf("deletion after the reconfiguration: %v", err)
+			}
+			if got := triggerCount(t, db, s, "b"); got != want {
+				t.Errorf("%d triggers on b after the deletion, want %d", got, want)
+			}
+		})
 	}
 }
 
