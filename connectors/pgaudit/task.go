@@ -411,7 +411,12 @@ func (t *Task) setWaiting(ctx context.Context, waiting, remove bool) error {
 		} else {
 			b.Queue(t.markSQL, t.host.Task, waiting)
 		}
-		b.Queue(t.pruneSQL, t.taskCount)
+		if !remove {
+			// A stopping instance may belong to an older generation of
+			// tasks (one that returned late) with a lower task count: it
+			// must not prune the rows of newer tasks.
+			b.Queue(t.pruneSQL, t.taskCount)
+		}
 		b.Queue(t.countSQL)
 		return tx.SendBatch(ctx, b).Close()
 	})

@@ -358,11 +358,57 @@ func TestStaleWakeupRowsPruned(t *testing.T) {
 		_, err := r.tasks[0].Poll(ctx)
 		done <- err
 	}()
-	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 1 }, "only the running task waiting")
-	var stale bool
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+qualified(cfg[KeyAuditSchema], n.wakeup)+` WHERE task = 3)`).Scan(&stale); err != nil || stale {
-		t.Errorf("the stale row of task 3 is still there (%v)", err)
+	// The committed rows become exactly task 0's (setval is not
+	// transactional, so the count alone can run ahead of the commit).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var tasks []int32
+		if err := db.QueryRow(ctx, `SELECT coalesce(array_agg(task ORDER BY task), '{}') FROM `+qualified(cfg[KeyAuditSchema], n.wakeup)).Scan(&tasks); err != nil {
+			t.Fatal(err)
+		}
+		if len(tasks) == 1 && tasks[0] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wakeup rows of tasks %v, want only task 0's (the stale row of task 3 pruned)", tasks)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	awaitWaiters(t, db, cfg[KeyAuditSchema], n, func(c int64) bool { return c == 1 }, "only the running task waiting")
 	r.tasks[0].Stop(false)
 	<-done
+}
+
+// TestStoppingTaskPrunesNothing: a task that stops may be of an older
+// generation (an instance that returned late, when the connector already
+// runs more tasks): removing its own row must leave the others' alone.
+func TestStoppingTaskPrunesNothing(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("stopprune-"), url, auditSchemaFor(t, db), s+".w")
+	l := connect.NewMemoryLedger()
+	r := startConnector(t, cfg, l)
+	n := objectNames(r.name)
+	wakeup := qualified(cfg[KeyAuditSchema], n.wakeup)
+	mustExec(t, db, `INSERT INTO `+wakeup+` VALUES (4, true)`) // task 4 of a newer generation, waiting
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	var rows []int32
+	if err := db.QueryRow(ctx, `SELECT coalesce(array_agg(task ORDER BY task), '{}') FROM `+wakeup).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0] != 4 {
+		t.Errorf("wakeup rows after task 0 stopped: %v, want only task 4's", rows)
+	}
+	var count int64 = -1
+	if err := db.QueryRow(ctx, `SELECT coalesce(pg_sequence_last_value($1::regclass), -1)`, qualified(cfg[KeyAuditSchema], n.waiters)).Scan(&count); err != nil || count != 1 {
+		t.Errorf("waiters count after task 0 stopped: %d (%v), want 1", count, err)
+	}
+	r = startConnector(t, cfg, l)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
 }
