@@ -666,15 +666,7 @@ func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.
 // that stop the task drop the held-back start (a restart or
 // reconfiguration makes its own start, held back again if need be).
 func (h *Standalone) abandonedGone(id worker.TaskID) {
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return
-	}
-	h.bgWG.Add(1)
-	h.mu.Unlock()
-	go func() {
-		defer h.bgWG.Done()
+	h.inBackground(func() {
 		c, err := h.lookup(h.bgCtx, id.Connector)
 		if err != nil {
 			return // deleted, or the herder is closing
@@ -716,7 +708,7 @@ func (h *Standalone) abandonedGone(id worker.TaskID) {
 		h.mu.Lock()
 		c.cancelStart = nil
 		h.mu.Unlock()
-	}()
+	})
 }
 
 // taskAlive reports whether the worker still lists an instance of id after
@@ -1626,10 +1618,10 @@ func (h *Standalone) Validate(ctx context.Context, class string, cfg connect.Con
 	return v, nil
 }
 
-// requestReconfiguration re-reads a running connector's task configs and
-// restarts its tasks if they changed. It runs in a goroutine the herder
-// owns (Close waits for it), so the calling connector is never blocked.
-func (h *Standalone) requestReconfiguration(name string) {
+// inBackground runs f in a goroutine the herder owns (Close waits for it),
+// unless Close has begun: bgWG.Add happens under h.mu, never after Close
+// started waiting.
+func (h *Standalone) inBackground(f func()) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -1639,6 +1631,15 @@ func (h *Standalone) requestReconfiguration(name string) {
 	h.mu.Unlock()
 	go func() {
 		defer h.bgWG.Done()
+		f()
+	}()
+}
+
+// requestReconfiguration re-reads a running connector's task configs and
+// restarts its tasks if they changed. It runs in a goroutine the herder
+// owns (Close waits for it), so the calling connector is never blocked.
+func (h *Standalone) requestReconfiguration(name string) {
+	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
 		if err != nil {
 			return
@@ -1660,7 +1661,7 @@ func (h *Standalone) requestReconfiguration(name string) {
 		if err := h.startTasksLocked(h.bgCtx, c, true); err != nil {
 			h.setFailure(c, err.Error())
 		}
-	}()
+	})
 }
 
 // --- Shutdown
