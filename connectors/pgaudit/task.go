@@ -407,14 +407,12 @@ func (t *Task) setWaiting(ctx context.Context, waiting, remove bool) error {
 		}
 		b := &pgx.Batch{}
 		if remove {
+			// Only its own row: a stopping instance may belong to an older
+			// generation of tasks (one that returned late) with a lower
+			// task count, and must not prune the rows of newer tasks.
 			b.Queue(t.unmarkSQL, t.host.Task)
 		} else {
 			b.Queue(t.markSQL, t.host.Task, waiting)
-		}
-		if !remove {
-			// A stopping instance may belong to an older generation of
-			// tasks (one that returned late) with a lower task count: it
-			// must not prune the rows of newer tasks.
 			b.Queue(t.pruneSQL, t.taskCount)
 		}
 		b.Queue(t.countSQL)
