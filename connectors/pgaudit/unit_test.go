@@ -1,6 +1,7 @@
 package pgaudit
 
 import (
+	"context"
 	"reflect"
 	"strings"
 	"testing"
@@ -132,5 +133,22 @@ func TestConfigDefMasksURL(t *testing.T) {
 	_, errs := parseSettings("n", connect.Config{KeyURL: "postgres://u:pw@h/db", KeyTables: "a", KeyTopicPrefix: "p", KeyTasksMax: "0"})
 	if len(errs[KeyTasksMax]) == 0 {
 		t.Errorf("tasks.max=0 accepted: %v", errs)
+	}
+}
+
+// TestTaskRefusesBadTaskCount: a task config whose task.count is not a
+// positive number fails Start with a message naming the key, before any
+// connection is made.
+func TestTaskRefusesBadTaskCount(t *testing.T) {
+	for _, v := range []string{"x", "0", "-2"} {
+		cfg := connect.Config{"name": "n", KeyURL: "postgres://u:pw@127.0.0.1:1/db", KeyTables: "a", KeyTopicPrefix: "p", keyTaskCount: v}
+		task := &Task{}
+		ctx := connect.WithHost(context.Background(), testHost("n", 0, connect.NewMemoryLedger()))
+		err := task.Start(ctx, cfg)
+		if err == nil || !strings.Contains(err.Error(), keyTaskCount) {
+			t.Errorf("task.count=%q: Start = %v, want an error naming %s", v, err, keyTaskCount)
+		}
+		task.Stop(false)
+		_ = task.Stopped(ctx)
 	}
 }
