@@ -29,12 +29,17 @@ const benchRows = 200_000
 // benchTables creates an uncaptured and a captured table of identical shape
 // and starts a connector (with its task LISTENing, as in production) on the
 // captured one.
-func benchTables(b *testing.B, db *pgxpool.Pool, url string) (plain, captured string, r *running) {
+// order is the capture.order (empty: the default).
+func benchTables(b *testing.B, db *pgxpool.Pool, url, order string) (plain, captured string, r *running) {
 	s := newSchema(b, db)
 	plain, captured = qualified(s, "plain"), qualified(s, "captured")
 	mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)
 	mustExec(b, db, `CREATE TABLE `+captured+` `+benchColumns)
-	r = startConnector(b, baseConfig(testenv.Unique("bench-"), url, auditSchemaFor(b, db), s+".captured"), connect.NewMemoryLedger())
+	cfg := baseConfig(testenv.Unique("bench-"), url, auditSchemaFor(b, db), s+".captured")
+	if order != "" {
+		cfg[KeyCaptureOrder] = order
+	}
+	r = startConnector(b, cfg, connect.NewMemoryLedger())
 	b.Cleanup(func() { _ = r.stop(true) })
 	return plain, captured, r
 }
@@ -60,7 +65,7 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	db, url := admin(b)
 
 	b.Run("bulk_insert_200k", func(b *testing.B) {
-		plain, captured, r := benchTables(b, db, url)
+		plain, captured, r := benchTables(b, db, url, "")
 		var tp, tc time.Duration
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
@@ -80,7 +85,7 @@ func BenchmarkWriteOverhead(b *testing.B) {
 	})
 
 	b.Run("bulk_update_200k", func(b *testing.B) {
-		plain, captured, r := benchTables(b, db, url)
+		plain, captured, r := benchTables(b, db, url, "")
 		mustExec(b, db, insertSQL(plain))
 		mustExec(b, db, insertSQL(captured))
 		var tp, tc time.Duration
@@ -138,12 +143,18 @@ END $$`)
 	// "consumed": the task drains the audit table meanwhile (Poll, Commit;
 	// no Kafka), so writers that commit while it waits also pay for the
 	// NOTIFY, and the database serves the task's reads and deletes.
-	for _, consumed := range []bool{false, true} {
-		name := "single_row_tx_4_clients"
-		if consumed {
-			name += "_consumed"
-		}
-		b.Run(name, func(b *testing.B) { singleRowOverhead(b, db, url, consumed) })
+	// "statement_order": capture.order = statement, without the commit-order
+	// lock that serializes capturing commits (docs/decisions/0046).
+	for _, v := range []struct {
+		name     string
+		order    string
+		consumed bool
+	}{
+		{"single_row_tx_4_clients", "", false},
+		{"single_row_tx_4_clients_consumed", "", true},
+		{"single_row_tx_4_clients_statement_order", orderStatement, false},
+	} {
+		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.order, v.consumed) })
 	}
 
 	// The floor of any trigger-based capture on this machine: the same
@@ -163,8 +174,8 @@ END $$`)
 	})
 }
 
-func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, consumed bool) {
-	plain, captured, r := benchTables(b, db, url)
+func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url, order string, consumed bool) {
+	plain, captured, r := benchTables(b, db, url, order)
 	if consumed {
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
@@ -473,7 +484,7 @@ func BenchmarkDelete50Tables(b *testing.B) {
 		// 4 triggers per table; schema, audit table, wake-up table and
 		// its sequence, function.
 		if len(owned) != 50*4+5 {
-			b.Fatalf("owned %d objects, want 205", len(owned))
+			b.Fatalf("owned %d objects, want 207", len(owned))
 		}
 		b.StartTimer()
 	}

@@ -209,8 +209,8 @@ func sequenceRes(db, schema, sequence string) connect.Resource {
 	return connect.Resource{Kind: KindSequence, Name: sequence, Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
 }
 
-func functionRes(db, schema string, n names) connect.Resource {
-	return connect.Resource{Kind: KindFunction, Name: n.function + "()", Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
+func functionRes(db, schema, function string) connect.Resource {
+	return connect.Resource{Kind: KindFunction, Name: function + "()", Location: db + "/" + pgx.Identifier{schema}.Sanitize()}
 }
 
 func triggerRes(db string, t tableName, trigger string) connect.Resource {
@@ -435,8 +435,8 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	var (
 		db                                                      string
 		schemaExists, tableExists, wakeupExists, functionExists bool
-		waitersExists                                           bool
-		functionMarker                                          *string
+		waitersExists, orderExists                              bool
+		functionMarker, orderMarker                             *string
 	)
 	err = tx.QueryRow(ctx, `
 SELECT current_database()::text,
@@ -450,8 +450,12 @@ SELECT current_database()::text,
        (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
                WHERE ns.nspname = $1 AND p.proname = $3 AND p.pronargs = 0),
        EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-               WHERE ns.nspname = $1 AND c.relname = $5 AND c.relkind = 'S')`,
-		s.auditSchema, n.table, n.function, n.wakeup, n.waiters).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists)
+               WHERE ns.nspname = $1 AND c.relname = $5 AND c.relkind = 'S'),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $6 AND p.pronargs = 0),
+       (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $6 AND p.pronargs = 0)`,
+		s.auditSchema, n.table, n.function, n.wakeup, n.waiters, n.order).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists, &orderExists, &orderMarker)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
@@ -527,7 +531,7 @@ SELECT current_database()::text,
 	// marker, so an upgrade ships a new body; someone else's is left alone.
 	if !functionExists || (functionMarker != nil && *functionMarker == n.marker) {
 		if !functionExists {
-			if err := own(functionRes(db, s.auditSchema, n)); err != nil {
+			if err := own(functionRes(db, s.auditSchema, n.function)); err != nil {
 				return err
 			}
 		}
@@ -543,12 +547,16 @@ SELECT current_database()::text,
 	}
 
 	// Triggers: install the missing ones.
-	trigNames := make([]string, len(triggerEvents))
-	for i, e := range triggerEvents {
-		trigNames[i] = n.trigger(e)
+	trigNames := []string{n.order}
+	for _, e := range triggerEvents {
+		trigNames = append(trigNames, n.trigger(e))
 	}
 	existing, err := existingTriggers(ctx, tx, trigNames, n.marker)
 	if err != nil {
+		return err
+	}
+	var removed []connect.Resource
+	if err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add, &removed); err != nil {
 		return err
 	}
 	configured := map[string]bool{}
@@ -572,10 +580,9 @@ SELECT current_database()::text,
 
 	// Triggers of tables no longer configured: drop (if still ours) and
 	// purge their undelivered changes, which no task reads any more.
-	var removed []connect.Resource
 	purged := map[string]bool{}
 	for _, r := range before {
-		if r.Kind != KindTrigger {
+		if r.Kind != KindTrigger || r.Name == n.order {
 			continue
 		}
 		rdb, parts, err := parseQualified(r.Location)
@@ -620,9 +627,67 @@ SELECT current_database()::text,
 		if err := h.Ledger.Release(ctx, r); err != nil {
 			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
 		}
-		h.Logger.Info("dropped the trigger of a table no longer captured", "resource", r.String())
+		h.Logger.Info("dropped an object the configuration no longer needs", "resource", r.String())
 	}
 	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
+	return nil
+}
+
+// provisionOrder installs the commit-order function and its trigger on the
+// audit table under capture.order = commit, and drops them (if still ours)
+// under statement, adding the ledger entries to release to removed.
+func provisionOrder(s settings, n names, v sqlVars, db string, existing map[string]*string,
+	fnExists bool, fnMarker *string, before []connect.Resource,
+	own func(connect.Resource) error, add func(file, block string, v sqlVars) error, removed *[]connect.Resource) error {
+	audit := tableName{s.auditSchema, n.table}
+	fnRes, trigRes := functionRes(db, s.auditSchema, n.order), triggerRes(db, audit, n.order)
+	fnOurs := fnExists && fnMarker != nil && *fnMarker == n.marker
+	trigMarker, trigExists := existing[audit.quoted()+" "+n.order]
+	tv := v
+	tv.Trigger = pgx.Identifier{n.order}.Sanitize()
+	if s.commitOrder {
+		if !fnExists || fnOurs {
+			if !fnExists {
+				if err := own(fnRes); err != nil {
+					return err
+				}
+			}
+			body, err := render("0005_commit_order.body.sql", "", v)
+			if err != nil {
+				return err
+			}
+			fv := v
+			fv.Body = quoteLiteral(body)
+			if err := add("0005_commit_order.up.sql", "", fv); err != nil {
+				return err
+			}
+		}
+		if !trigExists {
+			if err := own(trigRes); err != nil {
+				return err
+			}
+			if err := add("0005_commit_order.up.sql", "trigger", tv); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// The trigger first: it depends on the function.
+	if trigExists && trigMarker != nil && *trigMarker == n.marker {
+		if err := add("0005_commit_order.down.sql", "trigger", tv); err != nil {
+			return err
+		}
+	}
+	if fnOurs {
+		if err := add("0005_commit_order.down.sql", "function", v); err != nil {
+			return err
+		}
+	}
+	for _, r := range []connect.Resource{trigRes, fnRes} {
+		if slices.Contains(before, r) {
+			*removed = append(*removed, r)
+		}
+	}
 	return nil
 }
 

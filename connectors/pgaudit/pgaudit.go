@@ -32,6 +32,7 @@ const (
 	KeyPollMaxRecords  = "poll.max.records"
 	KeyPollIntervalMS  = "poll.interval.ms"
 	KeyCleanupOnDelete = "cleanup.on.delete"
+	KeyCaptureOrder    = "capture.order"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -84,7 +85,15 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyPollIntervalMS, Type: connect.TypeInt, Default: "1000", Importance: connect.ImportanceLow, Group: "Capture", Order: 7,
 			DisplayName: "Poll interval (ms)", Doc: "Fallback poll interval; wake-ups come from LISTEN/NOTIFY.", Validate: positive},
 		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
-			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, function, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
+			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, functions, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
+		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderCommit, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
+			DisplayName: "Capture order", Doc: "commit: the changes of a table leave in the order their transactions committed; capturing commits take one lock in turn, which caps concurrent writers' commit rate. statement: no lock; changes of different rows leave in the order their statements ran (the changes of one row still leave in commit order).",
+			Validate: func(v string) error {
+				if v != orderCommit && v != orderStatement {
+					return fmt.Errorf("must be %q or %q", orderCommit, orderStatement)
+				}
+				return nil
+			}},
 	}
 }
 
@@ -107,7 +116,15 @@ type settings struct {
 	pollMax      int
 	pollInterval int
 	cleanup      bool
+	// commitOrder: capture.order = commit.
+	commitOrder bool
 }
+
+// capture.order values.
+const (
+	orderCommit    = "commit"
+	orderStatement = "statement"
+)
 
 // parseSettings checks cfg against ConfigDef and returns every problem,
 // keyed by configuration key.
@@ -127,6 +144,10 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])
 	}
+	if v, ok := cfg[KeyCaptureOrder]; ok && v == "" {
+		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be empty (leave the key out for the default, %s)", orderCommit))
+	}
+	s.commitOrder = cfg[KeyCaptureOrder] != orderStatement
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)
@@ -164,6 +185,7 @@ type names struct {
 	wakeup   string // which tasks wait for a NOTIFY
 	waiters  string // sequence: how many tasks wait (owned by wakeup)
 	function string
+	order    string // commit-order function and its trigger on the audit table
 	channel  string // LISTEN/NOTIFY channel
 	marker   string // comment marking owned objects
 }
@@ -199,6 +221,7 @@ func objectNames(connector string) names {
 		wakeup:   base + "_wakeup",
 		waiters:  base + "_waiters",
 		function: base + "_capture",
+		order:    base + "_order",
 		channel:  "tidyconnect_" + base,
 		marker:   "tidyconnect:" + connector,
 	}

@@ -45,6 +45,8 @@ func TestREST(t *testing.T) {
 		{"malformed list", s + ".orders,,", pwURL, "malformed", nil},
 		{"unreachable", s + ".orders", "postgres://postgres:pw123@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", "127.0.0.1:1", nil},
 		{"blank audit schema", s + ".orders", pwURL, KeyAuditSchema, func(c connect.Config) { c[KeyAuditSchema] = "" }},
+		{"unknown capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "random" }},
+		{"blank capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)
@@ -72,7 +74,7 @@ func TestREST(t *testing.T) {
 	}
 	st.awaitRunning(name)
 	_, body := call("GET", "/connectors/"+name+"/resources", nil)
-	for _, want := range []string{KindSchema, KindTable, KindSequence, KindFunction, KindTrigger, objectNames(name).table, objectNames(name).wakeup, objectNames(name).waiters} {
+	for _, want := range []string{KindSchema, KindTable, KindSequence, KindFunction, KindTrigger, objectNames(name).table, objectNames(name).wakeup, objectNames(name).waiters, objectNames(name).order + "()", objectNames(name).order} {
 		if !strings.Contains(body, want) {
 			t.Errorf("resources %s do not list %s", body, want)
 		}

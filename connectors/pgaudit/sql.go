@@ -24,6 +24,10 @@ type sqlVars struct {
 	// Single and Chunk shape the audit rows: the first Single changes of a
 	// statement get a row each, the rest Chunk per row.
 	Single, Chunk int
+	// Order is the commit-order function's quoted name, OrderLockKey the
+	// advisory lock every capturing commit takes (capture.order = commit).
+	Order        string
+	OrderLockKey int64
 }
 
 // The capture function writes the first singleChanges changed rows of a
@@ -99,6 +103,8 @@ func (n names) vars(auditSchema string) sqlVars {
 		// quoteLiteral of the quoted name: regclass parses the quotes.
 		WaitersLiteral: quoteLiteral(pgx.Identifier{auditSchema, n.waiters}.Sanitize()),
 		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
+		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
+		OrderLockKey:   commitOrderLockKey,
 		Channel:        quoteLiteral(n.channel),
 		Marker:         quoteLiteral(n.marker),
 		Single:         singleChanges,

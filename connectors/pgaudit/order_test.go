@@ -1,0 +1,281 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// keyIDs returns the "id" of each change's key, in order.
+func keyIDs(t testing.TB, cs []change) []int64 {
+	t.Helper()
+	ids := make([]int64, len(cs))
+	for i, c := range cs {
+		n, ok := c.Key["id"].(json.Number)
+		if !ok {
+			t.Fatalf("change %d has key %v, want an id", i, c.Key)
+		}
+		ids[i], _ = n.Int64()
+	}
+	return ids
+}
+
+func seqRange(from, to int64) []int64 {
+	var out []int64
+	for i := from; i <= to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+func begin(t testing.TB, db *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := db.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+func txExec(t testing.TB, tx pgx.Tx, sql string, args ...any) {
+	t.Helper()
+	if _, err := tx.Exec(testCtx(t), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestCaptureOrder: transaction A writes rows 1 and then 100..299 (single
+// audit rows and a group), B writes row 2 and commits, then A commits. Under
+// capture.order = commit the changes leave in commit order, B's first, and
+// source.seq grows with them; under statement they leave in the order the
+// statements ran. Each transaction's own changes keep their order in both.
+func TestCaptureOrder(t *testing.T) {
+	tests := []struct {
+		order string
+		want  []int64
+	}{
+		{orderCommit, append([]int64{2, 1}, seqRange(100, 299)...)},
+		{orderStatement, append(append([]int64{1}, seqRange(100, 299)...), 2)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.order, func(t *testing.T) {
+			db, url := admin(t)
+			s := newSchema(t, db)
+			tbl := qualified(s, "events")
+			mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+			cfg := baseConfig(testenv.Unique("order-"), url, auditSchemaFor(t, db), s+".events")
+			cfg[KeyCaptureOrder] = tt.order
+			cfg[KeyPollMaxRecords] = "1000"
+			r := startConnector(t, cfg, connect.NewMemoryLedger())
+			defer func() {
+				if err := r.stop(true); err != nil {
+					t.Error(err)
+				}
+			}()
+
+			a := begin(t, db)
+			txExec(t, a, `INSERT INTO `+tbl+` VALUES (1)`)
+			txExec(t, a, `INSERT INTO `+tbl+` SELECT g FROM generate_series(100, 299) g`)
+			mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`) // B: commits first
+			if err := a.Commit(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			got := r.collect(len(tt.want), true)
+			if ids := keyIDs(t, got); !slices.Equal(ids, tt.want) {
+				t.Fatalf("changes left in order %v, want %v", ids, tt.want)
+			}
+			if tt.order == orderCommit {
+				for i := 1; i < len(got); i++ {
+					if got[i].Source.Seq <= got[i-1].Source.Seq {
+						t.Fatalf("source.seq %d after %d: not increasing in commit order", got[i].Source.Seq, got[i-1].Source.Seq)
+					}
+				}
+			}
+			r.quiet()
+		})
+	}
+}
+
+// inBackground runs statements in one transaction on a connection of its
+// own and returns that backend's pid and a channel with the outcome.
+func inBackground(t testing.TB, db *pgxpool.Pool, sqls ...string) (int32, <-chan error) {
+	t.Helper()
+	conn, err := db.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int32
+	if err := conn.QueryRow(testCtx(t), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		conn.Release()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer conn.Release()
+		done <- pgx.BeginFunc(context.Background(), conn, func(tx pgx.Tx) error {
+			for _, sql := range sqls {
+				if _, err := tx.Exec(context.Background(), sql); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}()
+	return pid, done
+}
+
+// awaitOrderLockWait waits until backend pid waits for the commit-order
+// lock.
+func awaitOrderLockWait(t testing.TB, db *pgxpool.Pool, pid int32) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks
+WHERE pid = $1 AND locktype = 'advisory' AND NOT granted AND ((classid::int8 << 32) | objid::int8) = $2)`, pid, commitOrderLockKey).Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backend %d does not wait for the commit-order lock", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCommitOrderSetConstraintsImmediate: SET CONSTRAINTS ALL IMMEDIATE
+// makes the order trigger run at the end of each statement, so a
+// transaction takes the order lock at its first captured statement and
+// holds it until it ends. A transaction that commits meanwhile waits for
+// it, and the order stays the commit order.
+func TestCommitOrderSetConstraintsImmediate(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "events")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	r := startConnector(t, baseConfig(testenv.Unique("immediate-"), url, auditSchemaFor(t, db), s+".events"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	a := begin(t, db)
+	txExec(t, a, `SET CONSTRAINTS ALL IMMEDIATE`)
+	txExec(t, a, `INSERT INTO `+tbl+` VALUES (1)`)
+	bPID, bDone := inBackground(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	awaitOrderLockWait(t, db, bPID)
+	txExec(t, a, `INSERT INTO `+tbl+` VALUES (3)`)
+	if err := a.Commit(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-bDone; err != nil {
+		t.Fatalf("the waiting writer: %v", err)
+	}
+	if ids := keyIDs(t, r.collect(3, true)); !slices.Equal(ids, []int64{1, 3, 2}) {
+		t.Fatalf("changes left in order %v, want [1 3 2]", ids)
+	}
+	r.quiet()
+}
+
+// TestCommitOrderTwoConnectorsNoDeadlock: two transactions write the
+// tables of two connectors in opposite orders, each with its order trigger
+// running immediately. One lock per connector would deadlock here (each
+// holding one and waiting for the other); the shared lock makes the second
+// wait for the first, and both commit.
+func TestCommitOrderTwoConnectorsNoDeadlock(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	ta, tb := qualified(s, "a"), qualified(s, "b")
+	mustExec(t, db, `CREATE TABLE `+ta+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+tb+` (id int PRIMARY KEY)`)
+	ra := startConnector(t, baseConfig(testenv.Unique("order-a-"), url, auditSchemaFor(t, db), s+".a"), connect.NewMemoryLedger())
+	defer func() { _ = ra.stop(true) }()
+	rb := startConnector(t, baseConfig(testenv.Unique("order-b-"), url, auditSchemaFor(t, db), s+".b"), connect.NewMemoryLedger())
+	defer func() { _ = rb.stop(true) }()
+
+	first := begin(t, db)
+	txExec(t, first, `SET CONSTRAINTS ALL IMMEDIATE`)
+	txExec(t, first, `INSERT INTO `+ta+` VALUES (1)`)
+	secondPID, secondDone := inBackground(t, db, `SET CONSTRAINTS ALL IMMEDIATE`, `INSERT INTO `+tb+` VALUES (2)`, `INSERT INTO `+ta+` VALUES (2)`)
+	awaitOrderLockWait(t, db, secondPID)
+	txExec(t, first, `INSERT INTO `+tb+` VALUES (1)`)
+	if err := first.Commit(testCtx(t)); err != nil {
+		t.Fatalf("the first transaction: %v", err)
+	}
+	if err := <-secondDone; err != nil {
+		t.Fatalf("the second transaction: %v", err)
+	}
+	for _, r := range []*running{ra, rb} {
+		if ids := keyIDs(t, r.collect(2, true)); !slices.Equal(ids, []int64{1, 2}) {
+			t.Errorf("%s: changes left in order %v, want [1 2]", r.name, ids)
+		}
+		r.quiet()
+	}
+}
+
+// TestCaptureOrderReconfigure: switching to statement drops the order
+// trigger and function and releases their ledger entries; switching back
+// installs them again. Capture goes on throughout.
+func TestCaptureOrderReconfigure(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "events")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	audit := auditSchemaFor(t, db)
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("reorder-"), url, audit, s+".events")
+	n := objectNames(cfg["name"])
+	var db0 string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&db0); err != nil {
+		t.Fatal(err)
+	}
+	orderObjects := []connect.Resource{functionRes(db0, audit, n.order), triggerRes(db0, tableName{audit, n.table}, n.order)}
+	check := func(step string, want bool) {
+		t.Helper()
+		listed, _ := l.List(ctx)
+		for _, res := range orderObjects {
+			ok, err := resourceExists(ctx, db, res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != want || slices.Contains(listed, res) != want {
+				t.Errorf("%s: %v exists %v, in the ledger %v; want %v", step, res, ok, slices.Contains(listed, res), want)
+			}
+		}
+	}
+
+	r := startConnector(t, cfg, l)
+	check("default (commit)", true)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	r.collect(1, true)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	for i, step := range []struct {
+		order string
+		want  bool
+	}{{orderStatement, false}, {orderCommit, true}} {
+		cfg[KeyCaptureOrder] = step.order
+		r = startConnector(t, cfg, l)
+		check(step.order, step.want)
+		mustExec(t, db, `INSERT INTO `+tbl+` VALUES ($1)`, i+2)
+		if ids := keyIDs(t, r.collect(1, true)); ids[0] != int64(i+2) {
+			t.Errorf("%s: captured %v, want [%d]", step.order, ids, i+2)
+		}
+		if err := r.stop(step.order == orderCommit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("deleted", false)
+}
