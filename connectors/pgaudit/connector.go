@@ -627,7 +627,7 @@ SELECT current_database()::text,
 		if err := h.Ledger.Release(ctx, r); err != nil {
 			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
 		}
-		h.Logger.Info("dropped an object the configuration no longer needs", "resource", r.String())
+		h.Logger.Info("released an object the configuration no longer needs (dropped unless someone had replaced it)", "resource", r.String())
 	}
 	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
 	return nil
@@ -635,7 +635,9 @@ SELECT current_database()::text,
 
 // provisionOrder installs the commit-order function and its trigger on the
 // audit table under capture.order = commit, and drops them (if still ours)
-// under statement, adding the ledger entries to release to removed.
+// under statement, adding the ledger entries to release to removed. Under
+// commit an object of either name that is not the connector's is an error:
+// the trigger would run someone else's code in every capturing commit.
 func provisionOrder(s settings, n names, v sqlVars, db string, existing map[string]*string,
 	fnExists bool, fnMarker *string, before []connect.Resource,
 	own func(connect.Resource) error, add func(file, block string, v sqlVars) error, removed *[]connect.Resource) error {
@@ -643,24 +645,34 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 	fnRes, trigRes := functionRes(db, s.auditSchema, n.order), triggerRes(db, audit, n.order)
 	fnOurs := fnExists && fnMarker != nil && *fnMarker == n.marker
 	trigMarker, trigExists := existing[audit.quoted()+" "+n.order]
+	trigOurs := trigExists && trigMarker != nil && *trigMarker == n.marker
 	tv := v
 	tv.Trigger = pgx.Identifier{n.order}.Sanitize()
 	if s.commitOrder {
-		if !fnExists || fnOurs {
-			if !fnExists {
-				if err := own(fnRes); err != nil {
-					return err
-				}
-			}
-			body, err := render("0005_commit_order.body.sql", "", v)
-			if err != nil {
+		var foreign []string
+		if fnExists && !fnOurs {
+			foreign = append(foreign, "function "+v.Order+"()")
+		}
+		if trigExists && !trigOurs {
+			foreign = append(foreign, "trigger "+tv.Trigger+" on "+v.Table)
+		}
+		if len(foreign) > 0 {
+			return fmt.Errorf("%s: cannot install commit order: %s exist(s) without this connector's marker (%s); drop or rename them, or use %s=%s",
+				KeyCaptureOrder, strings.Join(foreign, " and "), n.marker, KeyCaptureOrder, orderStatement)
+		}
+		if !fnExists {
+			if err := own(fnRes); err != nil {
 				return err
 			}
-			fv := v
-			fv.Body = quoteLiteral(body)
-			if err := add("0005_commit_order.up.sql", "", fv); err != nil {
-				return err
-			}
+		}
+		body, err := render("0005_commit_order.body.sql", "", v)
+		if err != nil {
+			return err
+		}
+		fv := v
+		fv.Body = quoteLiteral(body)
+		if err := add("0005_commit_order.up.sql", "", fv); err != nil {
+			return err
 		}
 		if !trigExists {
 			if err := own(trigRes); err != nil {
@@ -672,8 +684,9 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 		}
 		return nil
 	}
-	// The trigger first: it depends on the function.
-	if trigExists && trigMarker != nil && *trigMarker == n.marker {
+	// The trigger first: it depends on the function. Objects someone
+	// replaced stay, and are released all the same: they are theirs now.
+	if trigOurs {
 		if err := add("0005_commit_order.down.sql", "trigger", tv); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,22 @@ func seqRange(from, to int64) []int64 {
 		out = append(out, i)
 	}
 	return out
+}
+
+func commitOrder(cfg connect.Config) connect.Config {
+	cfg[KeyCaptureOrder] = orderCommit
+	return cfg
+}
+
+// stopAtCleanup deletes the connector at cleanup, after the transactions
+// the test opened later have rolled back (cleanups run last first): a test
+// that fails with one open must not make the deletion wait for it.
+func stopAtCleanup(t testing.TB, r *running) {
+	t.Cleanup(func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	})
 }
 
 func begin(t testing.TB, db *pgxpool.Pool) pgx.Tx {
@@ -76,11 +93,7 @@ func TestCaptureOrder(t *testing.T) {
 			cfg[KeyCaptureOrder] = tt.order
 			cfg[KeyPollMaxRecords] = "1000"
 			r := startConnector(t, cfg, connect.NewMemoryLedger())
-			defer func() {
-				if err := r.stop(true); err != nil {
-					t.Error(err)
-				}
-			}()
+			stopAtCleanup(t, r)
 
 			a := begin(t, db)
 			txExec(t, a, `INSERT INTO `+tbl+` VALUES (1)`)
@@ -165,8 +178,8 @@ func TestCommitOrderSetConstraintsImmediate(t *testing.T) {
 	s := newSchema(t, db)
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	r := startConnector(t, baseConfig(testenv.Unique("immediate-"), url, auditSchemaFor(t, db), s+".events"), connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
+	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("immediate-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
+	stopAtCleanup(t, r)
 
 	a := begin(t, db)
 	txExec(t, a, `SET CONSTRAINTS ALL IMMEDIATE`)
@@ -197,10 +210,10 @@ func TestCommitOrderTwoConnectorsNoDeadlock(t *testing.T) {
 	ta, tb := qualified(s, "a"), qualified(s, "b")
 	mustExec(t, db, `CREATE TABLE `+ta+` (id int PRIMARY KEY)`)
 	mustExec(t, db, `CREATE TABLE `+tb+` (id int PRIMARY KEY)`)
-	ra := startConnector(t, baseConfig(testenv.Unique("order-a-"), url, auditSchemaFor(t, db), s+".a"), connect.NewMemoryLedger())
-	defer func() { _ = ra.stop(true) }()
-	rb := startConnector(t, baseConfig(testenv.Unique("order-b-"), url, auditSchemaFor(t, db), s+".b"), connect.NewMemoryLedger())
-	defer func() { _ = rb.stop(true) }()
+	ra := startConnector(t, commitOrder(baseConfig(testenv.Unique("order-a-"), url, auditSchemaFor(t, db), s+".a")), connect.NewMemoryLedger())
+	stopAtCleanup(t, ra)
+	rb := startConnector(t, commitOrder(baseConfig(testenv.Unique("order-b-"), url, auditSchemaFor(t, db), s+".b")), connect.NewMemoryLedger())
+	stopAtCleanup(t, rb)
 
 	first := begin(t, db)
 	txExec(t, first, `SET CONSTRAINTS ALL IMMEDIATE`)
@@ -222,9 +235,10 @@ func TestCommitOrderTwoConnectorsNoDeadlock(t *testing.T) {
 	}
 }
 
-// TestCaptureOrderReconfigure: switching to statement drops the order
-// trigger and function and releases their ledger entries; switching back
-// installs them again. Capture goes on throughout.
+// TestCaptureOrderReconfigure: statement (the default) installs no order
+// objects; switching to commit installs them and changes leave in commit
+// order; switching back drops them and releases their ledger entries.
+// Capture goes on throughout.
 func TestCaptureOrderReconfigure(t *testing.T) {
 	db, url := admin(t)
 	ctx := testCtx(t)
@@ -235,11 +249,11 @@ func TestCaptureOrderReconfigure(t *testing.T) {
 	l := connect.NewMemoryLedger()
 	cfg := baseConfig(testenv.Unique("reorder-"), url, audit, s+".events")
 	n := objectNames(cfg["name"])
-	var db0 string
-	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&db0); err != nil {
+	var dbName string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
 		t.Fatal(err)
 	}
-	orderObjects := []connect.Resource{functionRes(db0, audit, n.order), triggerRes(db0, tableName{audit, n.table}, n.order)}
+	orderObjects := []connect.Resource{functionRes(dbName, audit, n.order), triggerRes(dbName, tableName{audit, n.table}, n.order)}
 	check := func(step string, want bool) {
 		t.Helper()
 		listed, _ := l.List(ctx)
@@ -254,28 +268,76 @@ func TestCaptureOrderReconfigure(t *testing.T) {
 		}
 	}
 
-	r := startConnector(t, cfg, l)
-	check("default (commit)", true)
-	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
-	r.collect(1, true)
-	if err := r.stop(false); err != nil {
-		t.Fatal(err)
-	}
-
-	for i, step := range []struct {
-		order string
+	next := int64(0)
+	for _, step := range []struct {
+		order string // "": the default
 		want  bool
-	}{{orderStatement, false}, {orderCommit, true}} {
-		cfg[KeyCaptureOrder] = step.order
-		r = startConnector(t, cfg, l)
-		check(step.order, step.want)
-		mustExec(t, db, `INSERT INTO `+tbl+` VALUES ($1)`, i+2)
-		if ids := keyIDs(t, r.collect(1, true)); ids[0] != int64(i+2) {
-			t.Errorf("%s: captured %v, want [%d]", step.order, ids, i+2)
+	}{{"", false}, {orderCommit, true}, {orderStatement, false}} {
+		if step.order != "" {
+			cfg[KeyCaptureOrder] = step.order
 		}
-		if err := r.stop(step.order == orderCommit); err != nil {
+		r := startConnector(t, cfg, l)
+		check("capture.order="+step.order, step.want)
+		// A writes first and commits last.
+		a := begin(t, db)
+		txExec(t, a, `INSERT INTO `+tbl+` VALUES ($1)`, next+1)
+		mustExec(t, db, `INSERT INTO `+tbl+` VALUES ($1)`, next+2)
+		if err := a.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := []int64{next + 1, next + 2}
+		if step.want {
+			want = []int64{next + 2, next + 1}
+		}
+		if ids := keyIDs(t, r.collect(2, true)); !slices.Equal(ids, want) {
+			t.Errorf("capture.order=%s: changes left in order %v, want %v", step.order, ids, want)
+		}
+		next += 2
+		if err := r.stop(false); err != nil {
 			t.Fatal(err)
 		}
 	}
+	cfg[KeyCaptureOrder] = orderCommit
+	r := startConnector(t, cfg, l)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
 	check("deleted", false)
+}
+
+// TestCommitOrderRefusesForeignObjects: under commit, a function or trigger
+// of the order objects' names that is not the connector's makes Start fail
+// naming capture.order, with nothing provisioned; statement ignores them.
+func TestCommitOrderRefusesForeignObjects(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "events")+` (id int PRIMARY KEY)`)
+	// The audit schema is the test schema: someone else's function lives
+	// where the connector's would.
+	cfg := commitOrder(baseConfig(testenv.Unique("foreign-"), url, s, s+".events"))
+	n := objectNames(cfg["name"])
+	mustExec(t, db, `CREATE FUNCTION `+qualified(s, n.order)+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$`)
+
+	l := connect.NewMemoryLedger()
+	_, err := tryStart(t, cfg, l)
+	if err == nil || !strings.Contains(err.Error(), KeyCaptureOrder) || !strings.Contains(err.Error(), n.order) {
+		t.Fatalf("Start = %v, want an error naming %s and the function", err, KeyCaptureOrder)
+	}
+	if rs, _ := l.List(ctx); len(rs) != 0 {
+		t.Errorf("ledger lists %v after the refusal", rs)
+	}
+	if relExists(t, db, s, n.table) || triggerCount(t, db, s, "events") != 0 {
+		t.Error("objects were provisioned for a refused start")
+	}
+
+	cfg[KeyCaptureOrder] = orderStatement
+	r := startConnector(t, cfg, l)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	var kept bool
+	if err := db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, qualified(s, n.order)+"()").Scan(&kept); err != nil || !kept {
+		t.Errorf("someone else's function was dropped (%v)", err)
+	}
 }

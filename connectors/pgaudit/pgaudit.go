@@ -86,8 +86,8 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Poll interval (ms)", Doc: "Fallback poll interval; wake-ups come from LISTEN/NOTIFY.", Validate: positive},
 		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
 			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, functions, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
-		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderCommit, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
-			DisplayName: "Capture order", Doc: "commit: the changes of a table leave in the order their transactions committed; capturing commits take one lock in turn, which caps concurrent writers' commit rate. statement: no lock; changes of different rows leave in the order their statements ran (the changes of one row still leave in commit order).",
+		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
+			DisplayName: "Capture order", Doc: "statement: the changes of one row leave in commit order, changes of different rows in the order their statements ran. commit: all changes leave in the order their transactions committed; every capturing commit of the database takes one lock in turn, which caps the commit rate of concurrent writers and does not mix with prepared transactions (see docs/pgaudit.md).",
 			Validate: func(v string) error {
 				if v != orderCommit && v != orderStatement {
 					return fmt.Errorf("must be %q or %q", orderCommit, orderStatement)
@@ -116,7 +116,7 @@ type settings struct {
 	pollMax      int
 	pollInterval int
 	cleanup      bool
-	// commitOrder: capture.order = commit.
+	// commitOrder: capture.order = commit (docs/decisions/0046).
 	commitOrder bool
 }
 
@@ -145,9 +145,9 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 		s.tables, _ = parseTables(cfg[KeyTables])
 	}
 	if v, ok := cfg[KeyCaptureOrder]; ok && v == "" {
-		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be empty (leave the key out for the default, %s)", orderCommit))
+		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be empty (leave the key out for the default, %s)", orderStatement))
 	}
-	s.commitOrder = cfg[KeyCaptureOrder] != orderStatement
+	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)

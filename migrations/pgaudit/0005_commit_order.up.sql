@@ -1,12 +1,11 @@
--- Commit order (capture.order = commit, the default): a deferred constraint
--- trigger on the audit table renumbers each transaction's audit rows when it
--- commits, under a lock that orders capturing commits, so tasks reading in id
--- order read in commit order (docs/decisions/0046).
+-- Commit order (capture.order = commit): a deferred constraint trigger on
+-- the audit table renumbers each transaction's audit rows when it commits,
+-- under a lock that orders capturing commits, so tasks reading in id order
+-- read in commit order (docs/decisions/0046).
 -- SECURITY DEFINER: writers of the captured tables need no privilege on the
--- audit table. lock_timeout = 0: a writer's own lock_timeout must not fail
--- its COMMIT because another capturing commit holds the order lock.
+-- audit table. The writer's own lock_timeout applies to the lock.
 CREATE OR REPLACE FUNCTION {{.Order}}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = 0
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS {{.Body}};
 COMMENT ON FUNCTION {{.Order}}() IS {{.Marker}};
 {{define "trigger"}}CREATE CONSTRAINT TRIGGER {{.Trigger}} AFTER INSERT ON {{.Table}}
