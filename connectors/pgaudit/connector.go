@@ -460,6 +460,25 @@ SELECT current_database()::text,
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
 
+	// The capture triggers keep calling the function they were created
+	// with: after a move to another audit schema or database they would
+	// go on filling the old audit table, which no task reads.
+	for _, r := range before {
+		if r.Kind != KindTable || r.Name != n.table {
+			continue
+		}
+		rdb, parts, err := parseQualified(r.Location)
+		if err != nil || len(parts) != 1 {
+			continue
+		}
+		switch {
+		case rdb != db:
+			return fmt.Errorf("%s: the connector's audit objects live in database %q, not %q (nothing was changed): point %s back at %q, or delete the connector and create it again", KeyURL, rdb, db, KeyURL, rdb)
+		case parts[0] != s.auditSchema:
+			return fmt.Errorf("%s: the connector's audit objects live in schema %q, not %q (nothing was changed): set %s back to %q, or delete the connector and create it again", KeyAuditSchema, parts[0], s.auditSchema, KeyAuditSchema, parts[0])
+		}
+	}
+
 	if tableExists {
 		// An audit table of the layout before binary images (0044): the new
 		// capture function could not write into it, and would make the
