@@ -419,6 +419,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
 	}
+	if err := checkAuditSchemaMove(ctx, tx, s, n); err != nil {
+		return err
+	}
 	problems, err := checkTables(ctx, tx, s)
 	if err != nil {
 		return err
@@ -458,25 +461,6 @@ SELECT current_database()::text,
 		s.auditSchema, n.table, n.function, n.wakeup, n.waiters, n.order).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists, &orderExists, &orderMarker)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
-	}
-
-	// The capture triggers keep calling the function they were created
-	// with: after a move to another audit schema or database they would
-	// go on filling the old audit table, which no task reads.
-	for _, r := range before {
-		if r.Kind != KindTable || r.Name != n.table {
-			continue
-		}
-		rdb, parts, err := parseQualified(r.Location)
-		if err != nil || len(parts) != 1 {
-			continue
-		}
-		switch {
-		case rdb != db:
-			return fmt.Errorf("%s: the connector's audit objects live in database %q, not %q (nothing was changed): point %s back at %q, or delete the connector and create it again", KeyURL, rdb, db, KeyURL, rdb)
-		case parts[0] != s.auditSchema:
-			return fmt.Errorf("%s: the connector's audit objects live in schema %q, not %q (nothing was changed): set %s back to %q, or delete the connector and create it again", KeyAuditSchema, parts[0], s.auditSchema, KeyAuditSchema, parts[0])
-		}
 	}
 
 	if tableExists {
@@ -574,8 +558,8 @@ SELECT current_database()::text,
 	if err != nil {
 		return err
 	}
-	var removed []connect.Resource
-	if err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add, &removed); err != nil {
+	removed, err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add)
+	if err != nil {
 		return err
 	}
 	configured := map[string]bool{}
@@ -601,6 +585,8 @@ SELECT current_database()::text,
 	// purge their undelivered changes, which no task reads any more.
 	purged := map[string]bool{}
 	for _, r := range before {
+		// The order trigger lives on the audit table, which is never a
+		// configured table: provisionOrder decides about it.
 		if r.Kind != KindTrigger || r.Name == n.order {
 			continue
 		}
@@ -652,14 +638,57 @@ SELECT current_database()::text,
 	return nil
 }
 
+// checkAuditSchemaMove refuses a configuration whose audit.schema differs
+// from the one the capture triggers on its tables write to. Provisioning
+// keeps existing triggers, which go on calling the function they were
+// created with: after such a move they would fill the old audit table,
+// which no task reads. The catalog, not the ledger, is asked: the triggers
+// are what matters, also when a deletion with cleanup.on.delete=false left
+// them behind, and a renamed or restored database does not disturb it.
+func checkAuditSchemaMove(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, s settings, n names) error {
+	trigNames := make([]string, len(triggerEvents))
+	for i, e := range triggerEvents {
+		trigNames[i] = n.trigger(e)
+	}
+	schemas, tables := make([]string, len(s.tables)), make([]string, len(s.tables))
+	for i, t := range s.tables {
+		schemas[i], tables[i] = t.Schema, t.Name
+	}
+	rows, err := q.Query(ctx, `
+SELECT DISTINCT fns.nspname::text
+FROM unnest($1::text[], $2::text[]) AS x(s, t)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[])
+JOIN pg_catalog.pg_proc p ON p.oid = tg.tgfoid
+JOIN pg_catalog.pg_namespace fns ON fns.oid = p.pronamespace
+WHERE p.proname = $4 AND fns.nspname <> $5 AND obj_description(p.oid, 'pg_proc') = $6::text
+ORDER BY 1`, schemas, tables, trigNames, n.function, s.auditSchema, n.marker)
+	if err != nil {
+		return fmt.Errorf("provisioning: inspecting the capture triggers: %w", err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("provisioning: inspecting the capture triggers: %w", err)
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q; to move, delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again",
+		KeyAuditSchema, others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete)
+}
+
 // provisionOrder installs the commit-order function and its trigger on the
 // audit table under capture.order = commit, and drops them (if still ours)
-// under statement, adding the ledger entries to release to removed. Under
-// commit an object of either name that is not the connector's is an error:
-// the trigger would run someone else's code in every capturing commit.
+// under statement, returning the ledger entries to release once that has
+// committed. Under commit an object of either name that is not the
+// connector's is an error: the trigger would run someone else's code in
+// every capturing commit.
 func provisionOrder(s settings, n names, v sqlVars, db string, existing map[string]*string,
 	fnExists bool, fnMarker *string, before []connect.Resource,
-	own func(connect.Resource) error, add func(file, block string, v sqlVars) error, removed *[]connect.Resource) error {
+	own func(connect.Resource) error, add func(file, block string, v sqlVars) error) (removed []connect.Resource, err error) {
 	audit := tableName{s.auditSchema, n.table}
 	fnRes, trigRes := functionRes(db, s.auditSchema, n.order), triggerRes(db, audit, n.order)
 	fnOurs := fnExists && fnMarker != nil && *fnMarker == n.marker
@@ -676,51 +705,51 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 			foreign = append(foreign, "trigger "+tv.Trigger+" on "+v.Table)
 		}
 		if len(foreign) > 0 {
-			return fmt.Errorf("%s: cannot install commit order: %s exist(s) without this connector's marker (%s); drop or rename them, or use %s=%s",
+			return nil, fmt.Errorf("%s: cannot install commit order: %s exist(s) without this connector's marker (%s); drop or rename them, or use %s=%s",
 				KeyCaptureOrder, strings.Join(foreign, " and "), n.marker, KeyCaptureOrder, orderStatement)
 		}
 		if !fnExists {
 			if err := own(fnRes); err != nil {
-				return err
+				return nil, err
 			}
 		}
 		body, err := render("0005_commit_order.body.sql", "", v)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		fv := v
 		fv.Body = quoteLiteral(body)
 		if err := add("0005_commit_order.up.sql", "", fv); err != nil {
-			return err
+			return nil, err
 		}
 		if !trigExists {
 			if err := own(trigRes); err != nil {
-				return err
+				return nil, err
 			}
 			if err := add("0005_commit_order.up.sql", "trigger", tv); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		return nil
+		return nil, nil
 	}
 	// The trigger first: it depends on the function. Objects someone
 	// replaced stay, and are released all the same: they are theirs now.
 	if trigOurs {
 		if err := add("0005_commit_order.down.sql", "trigger", tv); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if fnOurs {
 		if err := add("0005_commit_order.down.sql", "function", v); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, r := range []connect.Resource{trigRes, fnRes} {
 		if slices.Contains(before, r) {
-			*removed = append(*removed, r)
+			removed = append(removed, r)
 		}
 	}
-	return nil
+	return removed, nil
 }
 
 // triggerMarkerSQL is a trigger's ownership marker: marker itself when the

@@ -113,41 +113,66 @@ func TestCleanupOnDeleteFalse(t *testing.T) {
 // TestAuditSchemaMoveRefused: a restart with another audit.schema fails
 // naming the key and changes nothing (the capture triggers would go on
 // filling the old audit table, which no task reads); the old value works
-// again, with the change written meanwhile still delivered.
+// again, with the change written meanwhile still delivered. The same holds
+// for a connector re-created after a deletion that kept its objects.
 func TestAuditSchemaMoveRefused(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "moved")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	audit, other := auditSchemaFor(t, db), auditSchemaFor(t, db)
-	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
 	cfg := baseConfig(testenv.Unique("move-"), url, audit, s+".moved")
-	r := startConnector(t, cfg, l)
-	if err := r.stop(false); err != nil {
-		t.Fatal(err)
+	refused := func(t *testing.T, l connect.Ledger) {
+		t.Helper()
+		other := auditSchemaFor(t, db)
+		moved := cfg.Clone()
+		moved[KeyAuditSchema] = other
+		ownedBefore, _ := l.List(testCtx(t))
+		r, err := tryStart(t, moved, l)
+		if err == nil {
+			defer func() { _ = r.stop(true) }()
+		}
+		if err == nil || !strings.Contains(err.Error(), KeyAuditSchema) || !strings.Contains(err.Error(), `"`+audit+`"`) {
+			t.Fatalf("Start with another audit.schema = %v, want an error naming %s and %s", err, KeyAuditSchema, audit)
+		}
+		var exists bool
+		if err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, other).Scan(&exists); err != nil || exists {
+			t.Errorf("the new audit schema was created (%v)", err)
+		}
+		if owned, _ := l.List(testCtx(t)); !slices.Equal(owned, ownedBefore) {
+			t.Errorf("ledger changed by the refused start: %v, was %v", owned, ownedBefore)
+		}
 	}
-	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
-	ownedBefore, _ := l.List(testCtx(t))
 
-	moved := cfg.Clone()
-	moved[KeyAuditSchema] = other
-	if _, err := tryStart(t, moved, l); err == nil || !strings.Contains(err.Error(), KeyAuditSchema) || !strings.Contains(err.Error(), audit) {
-		t.Fatalf("Start with another audit.schema = %v, want an error naming %s and %s", err, KeyAuditSchema, audit)
-	}
-	var exists bool
-	if err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, other).Scan(&exists); err != nil || exists {
-		t.Errorf("the new audit schema was created (%v)", err)
-	}
-	if owned, _ := l.List(testCtx(t)); !slices.Equal(owned, ownedBefore) {
-		t.Errorf("ledger changed by the refused start: %v, was %v", owned, ownedBefore)
-	}
-
-	r = startConnector(t, cfg, l)
-	defer func() { _ = r.stop(true) }()
-	if got := r.collect(1, true); got[0].Op != "c" {
-		t.Errorf("after going back: %+v", got[0])
-	}
-	r.quiet()
+	t.Run("restart", func(t *testing.T) {
+		l := connect.NewMemoryLedger()
+		r := startConnector(t, cfg, l)
+		if err := r.stop(false); err != nil {
+			t.Fatal(err)
+		}
+		mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+		refused(t, l)
+		r = startConnector(t, cfg, l)
+		if got := r.collect(1, true); got[0].Op != "c" {
+			t.Errorf("after going back: %+v", got[0])
+		}
+		r.quiet()
+		if err := r.stop(false); err != nil {
+			t.Fatal(err)
+		}
+		// For the next case: a deletion that leaves the objects behind.
+		keep := cfg.Clone()
+		keep[KeyCleanupOnDelete] = "false"
+		if err := startConnector(t, keep, l).stop(true); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("re-created after a deletion that kept the objects", func(t *testing.T) {
+		if triggerCount(t, db, s, "moved") != 4 {
+			t.Fatal("the kept capture triggers are gone")
+		}
+		refused(t, connect.NewMemoryLedger())
+	})
 }
 
 // TestHostileNames: a table named like an injection is captured and the

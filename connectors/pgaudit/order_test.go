@@ -305,39 +305,75 @@ func TestCaptureOrderReconfigure(t *testing.T) {
 	check("deleted", false)
 }
 
-// TestCommitOrderRefusesForeignObjects: under commit, a function or trigger
-// of the order objects' names that is not the connector's makes Start fail
-// naming capture.order, with nothing provisioned; statement ignores them.
+// TestCommitOrderRefusesForeignObjects: under commit, a function or a
+// trigger of the order objects' names that is not the connector's makes
+// Start fail naming capture.order, with nothing provisioned and the ledger
+// unchanged; statement leaves them alone.
 func TestCommitOrderRefusesForeignObjects(t *testing.T) {
 	db, url := admin(t)
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "events")+` (id int PRIMARY KEY)`)
-	// The audit schema is the test schema: someone else's function lives
-	// where the connector's would.
-	cfg := commitOrder(baseConfig(testenv.Unique("foreign-"), url, s, s+".events"))
-	n := objectNames(cfg["name"])
-	mustExec(t, db, `CREATE FUNCTION `+qualified(s, n.order)+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$`)
-
-	l := connect.NewMemoryLedger()
-	_, err := tryStart(t, cfg, l)
-	if err == nil || !strings.Contains(err.Error(), KeyCaptureOrder) || !strings.Contains(err.Error(), n.order) {
-		t.Fatalf("Start = %v, want an error naming %s and the function", err, KeyCaptureOrder)
-	}
-	if rs, _ := l.List(ctx); len(rs) != 0 {
-		t.Errorf("ledger lists %v after the refusal", rs)
-	}
-	if relExists(t, db, s, n.table) || triggerCount(t, db, s, "events") != 0 {
-		t.Error("objects were provisioned for a refused start")
+	refused := func(t *testing.T, cfg connect.Config, l connect.Ledger, what string) {
+		t.Helper()
+		before, _ := l.List(ctx)
+		r, err := tryStart(t, cfg, l)
+		if err == nil {
+			stopAtCleanup(t, r)
+		}
+		if err == nil || !strings.Contains(err.Error(), KeyCaptureOrder) || !strings.Contains(err.Error(), what) {
+			t.Fatalf("Start = %v, want an error naming %s and %s", err, KeyCaptureOrder, what)
+		}
+		if after, _ := l.List(ctx); !slices.Equal(after, before) {
+			t.Errorf("ledger changed by the refusal: %v, was %v", after, before)
+		}
 	}
 
-	cfg[KeyCaptureOrder] = orderStatement
-	r := startConnector(t, cfg, l)
-	if err := r.stop(true); err != nil {
-		t.Fatal(err)
-	}
-	var kept bool
-	if err := db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, qualified(s, n.order)+"()").Scan(&kept); err != nil || !kept {
-		t.Errorf("someone else's function was dropped (%v)", err)
-	}
+	t.Run("function", func(t *testing.T) {
+		s := newSchema(t, db)
+		mustExec(t, db, `CREATE TABLE `+qualified(s, "events")+` (id int PRIMARY KEY)`)
+		// The audit schema is the test schema: someone else's function
+		// lives where the connector's would.
+		cfg := commitOrder(baseConfig(testenv.Unique("foreign-"), url, s, s+".events"))
+		n := objectNames(cfg["name"])
+		mustExec(t, db, `CREATE FUNCTION `+qualified(s, n.order)+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$`)
+		l := connect.NewMemoryLedger()
+		refused(t, cfg, l, "function "+qualified(s, n.order))
+		if relExists(t, db, s, n.table) || triggerCount(t, db, s, "events") != 0 {
+			t.Error("objects were provisioned for a refused start")
+		}
+
+		cfg[KeyCaptureOrder] = orderStatement
+		r := startConnector(t, cfg, l)
+		if err := r.stop(true); err != nil {
+			t.Fatal(err)
+		}
+		var kept bool
+		if err := db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, qualified(s, n.order)+"()").Scan(&kept); err != nil || !kept {
+			t.Errorf("someone else's function was dropped (%v)", err)
+		}
+	})
+
+	t.Run("trigger", func(t *testing.T) {
+		s := newSchema(t, db)
+		mustExec(t, db, `CREATE TABLE `+qualified(s, "events")+` (id int PRIMARY KEY)`)
+		audit := auditSchemaFor(t, db)
+		cfg := baseConfig(testenv.Unique("foreign-"), url, audit, s+".events")
+		n := objectNames(cfg["name"])
+		l := connect.NewMemoryLedger()
+		r := startConnector(t, cfg, l) // statement: no order objects yet
+		if err := r.stop(false); err != nil {
+			t.Fatal(err)
+		}
+		// Someone's own trigger, under the name the order trigger takes.
+		mustExec(t, db, `CREATE FUNCTION `+qualified(s, "mine")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$`)
+		mustExec(t, db, `CREATE TRIGGER `+pgx.Identifier{n.order}.Sanitize()+` AFTER INSERT ON `+qualified(audit, n.table)+` FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "mine")+`()`)
+		refused(t, commitOrder(cfg.Clone()), l, "trigger "+pgx.Identifier{n.order}.Sanitize())
+		var fn bool
+		if err := db.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, qualified(audit, n.order)+"()").Scan(&fn); err != nil || fn {
+			t.Errorf("the order function was created for a refused start (%v)", err)
+		}
+		r = startConnector(t, cfg, l)
+		if err := r.stop(true); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
