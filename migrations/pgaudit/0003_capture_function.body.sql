@@ -29,12 +29,15 @@ BEGIN
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP = 'UPDATE' THEN
+        -- Old and new images pair by position: unnest of two arrays walks
+        -- them in step. Cheaper for a single-row UPDATE than numbering
+        -- both sides and joining them (about 7% more UPDATEs per second in
+        -- pgbench, docs/pgaudit.md). Multi-array unnest is FROM-clause
+        -- syntax and cannot be schema-qualified; search_path is pg_catalog.
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', o.img, n.img
-        FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS img FROM tidyconnect_old o LIMIT {{.Single}}) o
-        JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS img FROM tidyconnect_new n LIMIT {{.Single}}) n
-          ON o.rn = n.rn
-        ORDER BY o.rn;
+        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', u.o, u.n
+        FROM unnest(ARRAY(SELECT pg_catalog.record_send(o.*) FROM tidyconnect_old o LIMIT {{.Single}}),
+                    ARRAY(SELECT pg_catalog.record_send(n.*) FROM tidyconnect_new n LIMIT {{.Single}})) AS u(o, n);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
