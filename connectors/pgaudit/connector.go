@@ -345,6 +345,14 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 	} else if p != "" {
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
 	}
+	if s.name != "" && len(s.tables) > 0 {
+		// A PUT of a changed config answers 400 instead of failing later.
+		if p, err := checkAuditSchemaMove(ctx, conn, s, objectNames(s.name)); err != nil {
+			errs[KeyURL] = append(errs[KeyURL], err.Error())
+		} else if p != "" {
+			errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
+		}
+	}
 	for k, v := range errs {
 		if len(v) == 0 {
 			delete(errs, k)
@@ -419,8 +427,10 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
 	}
-	if err := checkAuditSchemaMove(ctx, tx, s, n); err != nil {
+	if p, err := checkAuditSchemaMove(ctx, tx, s, n); err != nil {
 		return err
+	} else if p != "" {
+		return fmt.Errorf("%s: %s", KeyAuditSchema, p)
 	}
 	problems, err := checkTables(ctx, tx, s)
 	if err != nil {
@@ -638,8 +648,9 @@ SELECT current_database()::text,
 	return nil
 }
 
-// checkAuditSchemaMove refuses a configuration whose audit.schema differs
-// from the one the capture triggers on its tables write to. Provisioning
+// checkAuditSchemaMove reports, as a problem of audit.schema, a
+// configuration whose audit.schema differs from the one the capture
+// triggers on its tables write to. Provisioning
 // keeps existing triggers, which go on calling the function they were
 // created with: after such a move they would fill the old audit table,
 // which no task reads. The catalog, not the ledger, is asked: the triggers
@@ -647,7 +658,7 @@ SELECT current_database()::text,
 // them behind, and a renamed or restored database does not disturb it.
 func checkAuditSchemaMove(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, s settings, n names) error {
+}, s settings, n names) (string, error) {
 	trigNames := make([]string, len(triggerEvents))
 	for i, e := range triggerEvents {
 		trigNames[i] = n.trigger(e)
@@ -667,17 +678,17 @@ JOIN pg_catalog.pg_namespace fns ON fns.oid = p.pronamespace
 WHERE p.proname = $4 AND fns.nspname <> $5 AND obj_description(p.oid, 'pg_proc') = $6::text
 ORDER BY 1`, schemas, tables, trigNames, n.function, s.auditSchema, n.marker)
 	if err != nil {
-		return fmt.Errorf("provisioning: inspecting the capture triggers: %w", err)
+		return "", fmt.Errorf("inspecting the capture triggers: %w", err)
 	}
 	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("provisioning: inspecting the capture triggers: %w", err)
+		return "", fmt.Errorf("inspecting the capture triggers: %w", err)
 	}
 	if len(others) == 0 {
-		return nil
+		return "", nil
 	}
-	return fmt.Errorf("%s: the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q; to move, delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again",
-		KeyAuditSchema, others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete)
+	return fmt.Sprintf("the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q; to move, delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again",
+		others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete), nil
 }
 
 // provisionOrder installs the commit-order function and its trigger on the

@@ -128,6 +128,10 @@ func TestAuditSchemaMoveRefused(t *testing.T) {
 		moved := cfg.Clone()
 		moved[KeyAuditSchema] = other
 		ownedBefore, _ := l.List(testCtx(t))
+		// Validate (POST or PUT of the config) answers on the key first.
+		if errs := (&Connector{}).Validate(testCtx(t), moved); !strings.Contains(strings.Join(errs[KeyAuditSchema], " "), `"`+audit+`"`) {
+			t.Errorf("Validate()[%s] = %v, want the schema in use, %s", KeyAuditSchema, errs, audit)
+		}
 		r, err := tryStart(t, moved, l)
 		if err == nil {
 			defer func() { _ = r.stop(true) }()
