@@ -73,22 +73,7 @@ func BenchmarkWriteOverhead(b *testing.B) {
 		}
 		b.Run("bulk_insert_200k"+suffix, func(b *testing.B) {
 			plain, captured, r := benchTables(b, db, url, order)
-			var tp, tc time.Duration
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				mustExec(b, db, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
-				mustExec(b, db, `CHECKPOINT`)
-				b.StartTimer()
-				// Alternate the order: neither table profits from going second.
-				if i%2 == 0 {
-					tp += timed(b, db, insertSQL(plain))
-					tc += timed(b, db, insertSQL(captured))
-				} else {
-					tc += timed(b, db, insertSQL(captured))
-					tp += timed(b, db, insertSQL(plain))
-				}
-			}
-			report(b, tp, tc)
+			bulkInsertRounds(b, db, plain, captured, auditTable(r))
 		})
 
 		b.Run("bulk_update_200k"+suffix, func(b *testing.B) {
@@ -130,22 +115,7 @@ BEGIN
   RETURN NULL;
 END $$`)
 		mustExec(b, db, `CREATE TRIGGER row_audit AFTER INSERT ON `+captured+` FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "row_audit")+`()`)
-		var tp, tc time.Duration
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			mustExec(b, db, `TRUNCATE `+plain+`, `+captured+`, `+qualified(s, "log"))
-			mustExec(b, db, `CHECKPOINT`)
-			b.StartTimer()
-			// Alternate the order: neither table profits from going second.
-			if i%2 == 0 {
-				tp += timed(b, db, insertSQL(plain))
-				tc += timed(b, db, insertSQL(captured))
-			} else {
-				tc += timed(b, db, insertSQL(captured))
-				tp += timed(b, db, insertSQL(plain))
-			}
-		}
-		report(b, tp, tc)
+		bulkInsertRounds(b, db, plain, captured, qualified(s, "log"))
 	})
 
 	// "consumed": the task drains the audit table meanwhile (Poll, Commit;
@@ -180,6 +150,28 @@ END $$`)
 		mustExec(b, db, `CREATE TRIGGER upd AFTER UPDATE ON `+captured+` REFERENCING OLD TABLE AS o NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
 		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured)
 	})
+}
+
+// bulkInsertRounds inserts benchRows rows into plain and captured in turn,
+// emptying both and the audit table log before each round, and reports the
+// ratio.
+func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log string) {
+	var tp, tc time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		mustExec(b, db, `TRUNCATE `+plain+`, `+captured+`, `+log)
+		mustExec(b, db, `CHECKPOINT`)
+		b.StartTimer()
+		// Alternate the order: neither table profits from going second.
+		if i%2 == 0 {
+			tp += timed(b, db, insertSQL(plain))
+			tc += timed(b, db, insertSQL(captured))
+		} else {
+			tc += timed(b, db, insertSQL(captured))
+			tp += timed(b, db, insertSQL(plain))
+		}
+	}
+	report(b, tp, tc)
 }
 
 func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url, order string, consumed bool) {

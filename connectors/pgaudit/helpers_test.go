@@ -253,3 +253,23 @@ func triggerCount(t testing.TB, db *pgxpool.Pool, schema, table string) int {
 }
 
 func qualified(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }
+
+// await polls cond every 20 ms until it holds, failing the test with what
+// at the deadline or on an error.
+func await(t testing.TB, within time.Duration, cond func() (ok bool, what string, err error)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, what, err := cond()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

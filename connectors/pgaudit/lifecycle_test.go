@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -361,20 +362,11 @@ func awaitNoConnections(t *testing.T, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, name string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	await(t, 10*time.Second, func() (bool, string, error) {
 		var n int
-		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)`, ApplicationNamePrefix(name)).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connection(s) of %s still open after Stopped", n, name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1)`, ApplicationNamePrefix(name)).Scan(&n)
+		return n == 0, fmt.Sprintf("%d connection(s) of %s still open after Stopped", n, name), err
+	})
 }
 
 // TestDatabaseGoesAway: the connector's backends are terminated mid-stream

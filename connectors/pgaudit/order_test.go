@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -150,22 +151,12 @@ func inBackground(t testing.TB, db *pgxpool.Pool, sqls ...string) (int32, <-chan
 // lock.
 func awaitOrderLockWait(t testing.TB, db *pgxpool.Pool, pid int32) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	await(t, 30*time.Second, func() (bool, string, error) {
 		var waiting bool
 		err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks
 WHERE pid = $1 AND locktype = 'advisory' AND NOT granted AND ((classid::int8 << 32) | objid::int8) = $2)`, pid, commitOrderLockKey).Scan(&waiting)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend %d does not wait for the commit-order lock", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return waiting, fmt.Sprintf("backend %d does not wait for the commit-order lock", pid), err
+	})
 }
 
 // TestCommitOrderSetConstraintsImmediate: SET CONSTRAINTS ALL IMMEDIATE
