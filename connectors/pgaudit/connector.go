@@ -345,7 +345,7 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 	} else if p != "" {
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
 	}
-	if s.name != "" && len(s.tables) > 0 {
+	if s.name != "" && len(s.tables) > 0 && len(errs[KeyAuditSchema]) == 0 {
 		// A PUT of a changed config answers 400 instead of failing later.
 		if p, err := checkAuditSchemaMove(ctx, conn, s, objectNames(s.name)); err != nil {
 			errs[KeyURL] = append(errs[KeyURL], err.Error())
@@ -426,6 +426,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
+	}
+	if before, err = rehomeDatabase(ctx, tx, s, n, h, before); err != nil {
+		return err
 	}
 	if p, err := checkAuditSchemaMove(ctx, tx, s, n); err != nil {
 		return err
@@ -648,6 +651,75 @@ SELECT current_database()::text,
 	return nil
 }
 
+// resourceDB is the database a ledger entry names.
+func resourceDB(r connect.Resource) string {
+	if r.Kind == KindSchema {
+		return r.Location
+	}
+	db, _, _ := strings.Cut(r.Location, `/"`)
+	return db
+}
+
+// rehomeDatabase deals with ledger entries that name another database than
+// the one postgres.url reaches. When that database holds the connector's
+// audit table in audit.schema, it is the same database under a new name
+// (renamed, or restored under another): the entries are recorded again
+// under the new name, so deletion and reconfiguration find them. Otherwise
+// postgres.url points elsewhere, and the objects in the other database
+// would go on capturing into an audit table no task reads: refuse. It
+// returns before with the entries renamed.
+func rehomeDatabase(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, s settings, n names, h *connect.Host, before []connect.Resource) ([]connect.Resource, error) {
+	var db string
+	var marker *string
+	err := q.QueryRow(ctx, `SELECT current_database()::text,
+       (SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+        WHERE ns.nspname = $1 AND c.relname = $2)`, s.auditSchema, n.table).Scan(&db, &marker)
+	if err != nil {
+		return nil, fmt.Errorf("provisioning: inspecting the database: %w", err)
+	}
+	dbs := map[string]bool{}
+	for _, r := range before {
+		dbs[resourceDB(r)] = true
+	}
+	var others []string
+	for d := range dbs {
+		if d != db {
+			others = append(others, d)
+		}
+	}
+	if len(others) == 0 {
+		return before, nil
+	}
+	slices.Sort(others)
+	other := others[0]
+	// A rename leaves no entry under the new name; entries under both
+	// names mean objects in two databases.
+	if dbs[db] || len(others) > 1 || marker == nil || *marker != n.marker {
+		return nil, fmt.Errorf("%s: the connector's objects live in database %q, not %q (nothing was changed): point %s back at %q (delete the connector from there to move it)", KeyURL, other, db, KeyURL, other)
+	}
+	out := make([]connect.Resource, 0, len(before))
+	for _, r := range before {
+		rdb := resourceDB(r)
+		if rdb == db {
+			out = append(out, r)
+			continue
+		}
+		moved := r
+		moved.Location = db + strings.TrimPrefix(r.Location, rdb)
+		if err := h.Ledger.Own(ctx, moved); err != nil {
+			return nil, fmt.Errorf("recording %v in the ledger: %w", moved, err)
+		}
+		if err := h.Ledger.Release(ctx, r); err != nil {
+			return nil, fmt.Errorf("releasing %v from the ledger: %w", r, err)
+		}
+		out = append(out, moved)
+	}
+	h.Logger.Info("the database was renamed or restored under another name: the ledger now names it", "from", other, "to", db)
+	return out, nil
+}
+
 // checkAuditSchemaMove reports, as a problem of audit.schema, a
 // configuration whose audit.schema differs from the one the capture
 // triggers on its tables write to. Provisioning
@@ -687,8 +759,9 @@ ORDER BY 1`, schemas, tables, trigNames, n.function, s.auditSchema, n.marker)
 	if len(others) == 0 {
 		return "", nil
 	}
-	return fmt.Sprintf("the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q; to move, delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again",
-		others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete), nil
+	old := pgx.Identifier{others[0], n.function}.Sanitize() + "()"
+	return fmt.Sprintf("the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q. To move: delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again; objects left by a deletion with %s=false are no longer the connector's: drop them first (DROP FUNCTION %s CASCADE drops the capture triggers with it)",
+		others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete, KeyCleanupOnDelete, old), nil
 }
 
 // provisionOrder installs the commit-order function and its trigger on the

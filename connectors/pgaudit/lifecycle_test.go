@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -176,8 +177,94 @@ func TestAuditSchemaMoveRefused(t *testing.T) {
 		if triggerCount(t, db, s, "moved") != 4 {
 			t.Fatal("the kept capture triggers are gone")
 		}
-		refused(t, connect.NewMemoryLedger())
+		l := connect.NewMemoryLedger()
+		refused(t, l)
+		// What the error says to do: drop the kept function and with it
+		// the capture triggers; then the move works.
+		mustExec(t, db, `DROP FUNCTION `+qualified(audit, objectNames(cfg["name"]).function)+`() CASCADE`)
+		moved := cfg.Clone()
+		moved[KeyAuditSchema] = auditSchemaFor(t, db)
+		moved[KeyCleanupOnDelete] = "true"
+		r := startConnector(t, moved, l)
+		defer func() { _ = r.stop(true) }()
+		mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+		if got := r.collect(1, true); got[0].Op != "c" || got[0].After["id"] != json.Number("2") {
+			t.Errorf("after the move: %+v", got[0])
+		}
 	})
+}
+
+// TestDatabaseRenamedOrSwitched: after ALTER DATABASE ... RENAME the
+// connector starts against the new name, its ledger names it, and deletion
+// drops everything; a postgres.url that points at another database while
+// the objects live in the first one is refused naming the key.
+func TestDatabaseRenamedOrSwitched(t *testing.T) {
+	db, adminURL := admin(t)
+	ctx := testCtx(t)
+	withDB := func(name string) string {
+		u, err := url.Parse(adminURL)
+		if err != nil || u.Scheme == "" {
+			testenv.Skip(t, "%s is not a URL (%v): cannot point it at another database", testenv.PostgresEnv, err)
+		}
+		u.Path = "/" + name
+		return u.String()
+	}
+	first, renamed := testenv.Unique("pga_db_"), testenv.Unique("pga_db_")
+	mustExec(t, db, `CREATE DATABASE `+pgx.Identifier{first}.Sanitize())
+	t.Cleanup(func() {
+		for _, d := range []string{first, renamed} {
+			_, _ = db.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{d}.Sanitize()+` WITH (FORCE)`)
+		}
+	})
+	other, err := pgxpool.New(ctx, withDB(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, other, `CREATE TABLE public.t (id int PRIMARY KEY)`)
+	other.Close()
+
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("rename-"), withDB(first), "tidyconnect", "public.t")
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{first}.Sanitize()+` RENAME TO `+pgx.Identifier{renamed}.Sanitize())
+
+	// Pointed at another database (the test one), where nothing of it lives.
+	switched := cfg.Clone()
+	switched[KeyURL] = adminURL
+	if r, err := tryStart(t, switched, l); err == nil {
+		_ = r.stop(false)
+		t.Fatal("Start against another database succeeded")
+	} else if !strings.Contains(err.Error(), KeyURL) || !strings.Contains(err.Error(), first) {
+		t.Errorf("Start against another database = %v, want an error naming %s and %s", err, KeyURL, first)
+	}
+
+	cfg[KeyURL] = withDB(renamed)
+	r := startConnector(t, cfg, l)
+	owned, _ := l.List(ctx)
+	for _, res := range owned {
+		if resourceDB(res) != renamed {
+			t.Errorf("ledger entry %v does not name the renamed database", res)
+		}
+	}
+	if len(owned) == 0 {
+		t.Fatal("ledger empty after the restart")
+	}
+	if err := r.stop(true); err != nil {
+		t.Fatalf("deleting after the rename: %v", err)
+	}
+	if left, _ := l.List(ctx); len(left) != 0 {
+		t.Errorf("ledger after the deletion: %v", left)
+	}
+	check, err := pgxpool.New(ctx, withDB(renamed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	if n := triggerCount(t, check, "public", "t"); n != 0 || relExists(t, check, "tidyconnect", objectNames(cfg["name"]).table) {
+		t.Errorf("objects left after deleting: %d triggers, audit table exists %v", n, relExists(t, check, "tidyconnect", objectNames(cfg["name"]).table))
+	}
 }
 
 // TestHostileNames: a table named like an injection is captured and the
