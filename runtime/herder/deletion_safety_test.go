@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -646,5 +647,65 @@ func TestHeldBackTaskStartsWhenStuckInstanceReturns(t *testing.T) {
 				t.Errorf("task calls at the end = %v: more than one instance ran at once", rec.CallsOf(task))
 			}
 		})
+	}
+}
+
+// TestHeldBackStartYieldsToAnInterruptingOperation: a stop that arrives
+// while the held-back start holds the connector's lock, before it has
+// registered its cancel, could neither cancel that start nor go first. The
+// start now sees it, yields the lock, and looks again afterwards: the stop
+// applies and the task is not started behind its back.
+func TestHeldBackStartYieldsToAnInterruptingOperation(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	gone := make(chan string, 8)
+	stopDone := make(chan error, 1)
+	var hs *harness
+	var once sync.Once
+	name := testenv.Unique("held-")
+	ctx := testCtx(t)
+	hs = newHarness(t, kindReal, t.TempDir(), rec, nil, withHook(func(point, connector string) {
+		switch point {
+		case hookAbandonedGone:
+			gone <- connector
+		case hookHeldBackLocked:
+			once.Do(func() {
+				hs.h.mu.Lock()
+				before := hs.h.conns[name].interrupts
+				hs.h.mu.Unlock()
+				go func() { stopDone <- hs.h.Stop(ctx, name) }()
+				pollUntil(t, "the stop to ask for an interrupt", func() bool {
+					hs.h.mu.Lock()
+					defer hs.h.mu.Unlock()
+					return hs.h.conns[name].interrupts != before
+				})
+			})
+		}
+	}))
+	t.Cleanup(rec.ReleaseBlocked)
+	id := worker.TaskID{Connector: name, Task: 0}
+	task := sampleconn.TaskInstance(name, 0)
+	if _, err := hs.h.CreateConnector(ctx, name, blockingSource(testenv.Unique("t-"), "200"), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := rec.AwaitCall(ctx, task+" Poll blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.h.RestartTask(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	rec.ReleaseBlocked()
+	select {
+	case <-gone:
+	case <-ctx.Done():
+		t.Fatalf("the herder never handled the return of the stuck instance (calls %v)", rec.CallsOf(task))
+	}
+	if err := <-stopDone; err != nil {
+		t.Fatalf("the stop that arrived meanwhile: %v", err)
+	}
+	if n := rec.Count(task + " Start"); n != 1 {
+		t.Errorf("task Start calls = %d, want 1: the held-back start went ahead of the stop that arrived first (calls %v)", n, rec.CallsOf(task))
+	}
+	if st, err := hs.h.ConnectorStatus(ctx, name); err != nil || st.Connector.State != "STOPPED" {
+		t.Errorf("connector status after the stop = %+v %v, want STOPPED", st, err)
 	}
 }

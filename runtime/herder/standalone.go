@@ -120,6 +120,9 @@ const (
 	// the return of an abandoned task instance, whether it started the
 	// held-back task or not.
 	hookAbandonedGone = "abandoned-task-gone"
+	// hookHeldBackLocked runs (connector name) when a held-back start holds
+	// the connector's lock, before it registers its cancel.
+	hookHeldBackLocked = "held-back-locked"
 )
 
 // withHook is test-only: fn runs at the named points above.
@@ -191,6 +194,11 @@ type conn struct {
 	// task (a Start blocked on an unreachable system), when the user stops,
 	// changes or deletes it.
 	cancelStart context.CancelFunc
+	// interrupts counts interruptStart calls. A held-back start that sees
+	// one arrive while it waited for the connector's lock lets that
+	// operation go first instead of starting a task it would have to wait
+	// for (startHeldBack).
+	interrupts uint64
 }
 
 func (c *conn) lock(ctx context.Context) error {
@@ -443,6 +451,7 @@ func (h *Standalone) interruptStart(name string) {
 	var cancel context.CancelFunc
 	if c := h.conns[name]; c != nil {
 		cancel = c.cancelStart
+		c.interrupts++
 	}
 	h.mu.Unlock()
 	if cancel != nil {
@@ -666,49 +675,81 @@ func (h *Standalone) stopTasksLocked(ctx context.Context, c *conn, ids []worker.
 // that stop the task drop the held-back start (a restart or
 // reconfiguration makes its own start, held back again if need be).
 func (h *Standalone) abandonedGone(id worker.TaskID) {
-	h.inBackground(func() {
-		c, err := h.lookup(h.bgCtx, id.Connector)
-		if err != nil {
-			return // deleted, or the herder is closing
-		}
-		defer c.unlock()
-		defer h.runHook(hookAbandonedGone, c.name)
-		if h.taskAlive(id) {
-			return // another instance runs (or the id was reused)
-		}
-		c.tasks = slices.DeleteFunc(c.tasks, func(t worker.TaskID) bool { return t == id })
-		if !c.heldBack[id.Task] {
+	h.inBackground(func() { h.startHeldBack(id) })
+}
+
+// startHeldBack starts the task held back behind an abandoned instance of
+// id, which has returned, under the connector's lock. A stop, change or
+// deletion that calls interruptStart while this waits for (or has just
+// taken) the lock could not cancel the start, whose cancel is not
+// registered yet, and would wait for a task Start that may block: when one
+// has arrived, this yields the lock to it and tries again afterwards.
+func (h *Standalone) startHeldBack(id worker.TaskID) {
+	h.mu.Lock()
+	var seen uint64
+	if c := h.conns[id.Connector]; c != nil {
+		seen = c.interrupts
+	}
+	h.mu.Unlock()
+	c, err := h.lookup(h.bgCtx, id.Connector)
+	if err != nil {
+		return // deleted, or the herder is closing
+	}
+	retry := false
+	defer func() {
+		c.unlock()
+		if retry {
+			h.inBackground(func() { h.startHeldBack(id) })
 			return
 		}
+		h.runHook(hookAbandonedGone, c.name)
+	}()
+	h.runHook(hookHeldBackLocked, c.name)
+	if h.taskAlive(id) {
+		return // another instance runs (or the id was reused)
+	}
+	c.tasks = slices.DeleteFunc(c.tasks, func(t worker.TaskID) bool { return t == id })
+	if !c.heldBack[id.Task] {
+		return
+	}
+	log := h.logger(c)
+	switch {
+	case h.bgCtx.Err() != nil:
 		delete(c.heldBack, id.Task)
-		log := h.logger(c)
-		switch {
-		case h.bgCtx.Err() != nil:
-			return
-		case h.deletionOf(c) != nil:
-			log.Info("the abandoned task instance returned; the connector is being deleted, so the task is not started", "task", id.Task)
-			return
-		case c.rec.Target == worker.TargetStopped:
-			// RUNNING and PAUSED want their tasks (a paused task starts
-			// paused); a STOPPED connector has none.
-			log.Info("the abandoned task instance returned; the connector is stopped, so the task is not started", "task", id.Task, "target_state", c.rec.Target)
-			return
-		case id.Task >= len(c.rec.Tasks):
-			log.Info("the abandoned task instance returned; the connector no longer has this task", "task", id.Task, "tasks", len(c.rec.Tasks))
-			h.forgetStatuses(c.name, len(c.rec.Tasks))
-			return
-		}
-		log.Info("the abandoned task instance returned; starting the task held back behind it", "task", id.Task, "target_state", c.rec.Target)
-		sctx, cancel := context.WithCancel(h.bgCtx)
-		defer cancel()
-		h.mu.Lock()
-		c.cancelStart = cancel
+		return
+	case h.deletionOf(c) != nil:
+		delete(c.heldBack, id.Task)
+		log.Info("the abandoned task instance returned; the connector is being deleted, so the task is not started", "task", id.Task)
+		return
+	case c.rec.Target == worker.TargetStopped:
+		// RUNNING and PAUSED want their tasks (a paused task starts
+		// paused); a STOPPED connector has none.
+		delete(c.heldBack, id.Task)
+		log.Info("the abandoned task instance returned; the connector is stopped, so the task is not started", "task", id.Task, "target_state", c.rec.Target)
+		return
+	case id.Task >= len(c.rec.Tasks):
+		delete(c.heldBack, id.Task)
+		log.Info("the abandoned task instance returned; the connector no longer has this task", "task", id.Task, "tasks", len(c.rec.Tasks))
+		h.forgetStatuses(c.name, len(c.rec.Tasks))
+		return
+	}
+	sctx, cancel := context.WithCancel(h.bgCtx)
+	defer cancel()
+	h.mu.Lock()
+	if c.interrupts != seen {
 		h.mu.Unlock()
-		h.startTaskLocked(sctx, c, id.Task)
-		h.mu.Lock()
-		c.cancelStart = nil
-		h.mu.Unlock()
-	})
+		log.Info("the abandoned task instance returned; an operation on the connector goes first, then the held-back task is looked at again", "task", id.Task)
+		retry = true
+		return
+	}
+	c.cancelStart = cancel
+	h.mu.Unlock()
+	delete(c.heldBack, id.Task)
+	log.Info("the abandoned task instance returned; starting the task held back behind it", "task", id.Task, "target_state", c.rec.Target)
+	h.startTaskLocked(sctx, c, id.Task)
+	h.mu.Lock()
+	c.cancelStart = nil
+	h.mu.Unlock()
 }
 
 // taskAlive reports whether the worker still lists an instance of id after
