@@ -601,15 +601,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 				return nil, fmt.Errorf("audit row %d: after images: %w", r.id, err)
 			}
 		}
-		shortAfters := r.op == "u" && len(befores) == r.changes && r.after != nil && len(afters) < r.changes
-		if shortAfters {
-			// An UPDATE that moved rows into a partition whose BEFORE
-			// INSERT trigger dropped them leaves fewer new rows than old in
-			// the transition tables (docs/pgaudit.md): the missing after
-			// images are null, as in the single-row path, rather than a
-			// row that fails the task on every restart.
-			t.host.Logger.Warn("an UPDATE audit row holds fewer after images than changes; the missing ones are delivered as null", "audit_row", r.id, "changes", r.changes, "after_images", len(afters), "table", r.table.String())
-		} else if (r.before != nil && len(befores) != r.changes) || (r.after != nil && len(afters) != r.changes) {
+		if (r.before != nil && len(befores) != r.changes) || (r.after != nil && len(afters) != r.changes) {
 			return nil, fmt.Errorf("audit row %d holds %d changes but %d before and %d after images", r.id, r.changes, len(befores), len(afters))
 		}
 		for k := r.delivered; k < r.changes; k++ {
@@ -617,7 +609,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			if befores != nil {
 				c.before = addImage(r.table, befores[k])
 			}
-			if k < len(afters) {
+			if afters != nil {
 				c.after = addImage(r.table, afters[k])
 			}
 			changes = append(changes, c)

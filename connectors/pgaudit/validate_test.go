@@ -22,6 +22,11 @@ func TestBadConfig(t *testing.T) {
 	// aclitem has no binary send function; nor, through its element type,
 	// has aclitem[].
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "acl")+` (id int, grants aclitem[])`)
+	// Statement-level triggers see only statements that name their table.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "parted")+` (id int) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "part1")+` PARTITION OF `+qualified(s, "parted")+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "base")+` (id int)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "kid")+` () INHERITS (`+qualified(s, "base")+`)`)
 	// A login role (trust auth, no password) that may not read "secret".
 	role := testenv.Unique("pga_role_")
 	mustExec(t, db, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
@@ -52,6 +57,10 @@ func TestBadConfig(t *testing.T) {
 		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
 		{"unterminated quote", url, `"` + s + `.ok`, KeyTables, "unterminated"},
 		{"bad topic prefix", url, s + ".ok", KeyTopicPrefix, "a-z"},
+		{"partitioned table", url, s + ".parted", KeyTables, `table "` + s + `"."parted" is partitioned or has child tables`},
+		{"partition", url, s + ".part1", KeyTables, `table "` + s + `"."part1" is a partition or child of`},
+		{"inheritance parent", url, s + ".base", KeyTables, `table "` + s + `"."base" is partitioned or has child tables`},
+		{"inheritance child", url, s + ".kid", KeyTables, `table "` + s + `"."kid" is a partition or child of`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
