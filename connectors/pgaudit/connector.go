@@ -641,6 +641,24 @@ SELECT current_database()::text,
 		removed = append(removed, r)
 	}
 
+	// Capture triggers on tables that are not configured under their
+	// current name (renamed since, or never listed) would go on filling the
+	// audit table with changes no task reads: drop them and their changes.
+	if functionExists && functionMarker != nil && *functionMarker == n.marker {
+		stray, err := triggersCalling(ctx, tx, v.Function+"()", configured)
+		if err != nil {
+			return err
+		}
+		for _, st := range stray {
+			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?)", "table", st.table.String(), "trigger", st.trigger)
+			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{st.trigger}.Sanitize(), st.table.quoted())
+			if !purged[st.table.quoted()] {
+				purged[st.table.quoted()] = true
+				fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name))
+			}
+		}
+	}
+
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
@@ -847,6 +865,41 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 	return removed, nil
 }
 
+// callingTrigger is a trigger and the table it is on.
+type callingTrigger struct {
+	table   tableName
+	trigger string
+}
+
+// triggersCalling lists the triggers that call function fn (quoted, with
+// its "()"), except those on the tables in skip (quoted names).
+func triggersCalling(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, fn string, skip map[string]bool) ([]callingTrigger, error) {
+	rows, err := q.Query(ctx, `
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text
+FROM pg_catalog.pg_trigger tg
+JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+WHERE NOT tg.tgisinternal AND tg.tgfoid = pg_catalog.to_regprocedure($1)
+ORDER BY 1, 2, 3`, fn)
+	if err != nil {
+		return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
+	}
+	defer rows.Close()
+	var out []callingTrigger
+	for rows.Next() {
+		var ct callingTrigger
+		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger); err != nil {
+			return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
+		}
+		if !skip[ct.table.quoted()] {
+			out = append(out, ct)
+		}
+	}
+	return out, rows.Err()
+}
+
 // triggerMarkerSQL is a trigger's ownership marker: marker itself when the
 // trigger calls a function carrying it (whatever the trigger's own comment
 // says, it cannot outlive that function, which deletion drops), else the
@@ -1003,7 +1056,18 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 		case KindTrigger:
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{tg.r.Name}.Sanitize(), pgx.Identifier(tg.parts).Sanitize())
 		case KindFunction:
-			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s();\n", pgx.Identifier{tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")}.Sanitize())
+			fn := pgx.Identifier{tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")}.Sanitize() + "()"
+			// Triggers that call it are the connector's, also those the
+			// ledger names under an earlier table name (ALTER TABLE ...
+			// RENAME): without them, dropping the function fails for good.
+			stray, err := triggersCalling(ctx, tx, fn, nil)
+			if err != nil {
+				return err
+			}
+			for _, st := range stray {
+				fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{st.trigger}.Sanitize(), st.table.quoted())
+			}
+			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s;\n", fn)
 		case KindSequence:
 			fmt.Fprintf(&script, "DROP SEQUENCE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 		case KindTable:

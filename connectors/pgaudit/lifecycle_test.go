@@ -267,6 +267,59 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 	}
 }
 
+// TestCapturedTableRenamed: after ALTER TABLE ... RENAME of a captured
+// table, a reconfiguration without it drops the capture triggers on the
+// renamed table (they would keep filling the audit table), and a deletion
+// drops them too instead of failing for good on the function they call.
+func TestCapturedTableRenamed(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	for _, n := range []string{"a", "b", "c"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int PRIMARY KEY)`)
+	}
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("renamed-"), url, auditSchemaFor(t, db), s+".a", s+".b", s+".c")
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` RENAME TO b2`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "c")+` RENAME TO c2`)
+
+	// Reconfigured without b (now b2): its triggers go.
+	cfg[KeyTables] = s + ".a," + s + ".c2"
+	r := startConnector(t, cfg, l)
+	if n := triggerCount(t, db, s, "b2"); n != 0 {
+		t.Errorf("%d capture triggers left on the renamed, no longer configured table", n)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b2")+` VALUES (1)`)
+	var rows int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+auditTable(r)).Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("audit rows after writing the dropped table: %d (%v), want 0", rows, err)
+	}
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// c2 is configured under its new name; renamed once more, the ledger
+	// and the configuration both name it wrongly: deletion still drops it.
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "c2")+` RENAME TO c3`)
+	cfg[KeyTables] = s + ".a"
+	r = startConnector(t, cfg, l)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` RENAME TO a2`)
+	if err := r.stop(true); err != nil {
+		t.Fatalf("deleting after the captured table was renamed: %v", err)
+	}
+	for _, tb := range []string{"a2", "b2", "c3"} {
+		if n := triggerCount(t, db, s, tb); n != 0 {
+			t.Errorf("%d capture triggers left on %s after the deletion", n, tb)
+		}
+	}
+	if left, _ := l.List(ctx); len(left) != 0 {
+		t.Errorf("ledger after the deletion: %v", left)
+	}
+}
+
 // TestHostileNames: a table named like an injection is captured and the
 // table it names survives; connector names equal in their first 63 bytes
 // get distinct objects.
