@@ -701,11 +701,7 @@ func rehomeDatabase(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, s settings, n names, h *connect.Host, before []connect.Resource) ([]connect.Resource, error) {
 	var db string
-	var marker *string
-	err := q.QueryRow(ctx, `SELECT current_database()::text,
-       (SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-        WHERE ns.nspname = $1 AND c.relname = $2)`, s.auditSchema, n.table).Scan(&db, &marker)
-	if err != nil {
+	if err := q.QueryRow(ctx, `SELECT current_database()::text`).Scan(&db); err != nil {
 		return nil, fmt.Errorf("provisioning: inspecting the database: %w", err)
 	}
 	dbs := map[string]bool{}
@@ -725,7 +721,14 @@ func rehomeDatabase(ctx context.Context, q interface {
 	other := others[0]
 	// A rename leaves no entry under the new name; entries under both
 	// names mean objects in two databases.
-	if dbs[db] || len(others) > 1 || marker == nil || *marker != n.marker {
+	renamed := false
+	if !dbs[db] && len(others) == 1 {
+		var err error
+		if renamed, err = databaseRenamed(ctx, q, other, s.auditSchema, n); err != nil {
+			return nil, err
+		}
+	}
+	if !renamed {
 		return nil, fmt.Errorf("%s: the connector's objects live in database %q, not %q (nothing was changed): point %s back at %q (delete the connector from there to move it)", KeyURL, other, db, KeyURL, other)
 	}
 	out := make([]connect.Resource, 0, len(before))
@@ -747,6 +750,25 @@ func rehomeDatabase(ctx context.Context, q interface {
 	}
 	h.Logger.Info("the database was renamed or restored under another name: the ledger now names it", "from", other, "to", db)
 	return out, nil
+}
+
+// databaseRenamed reports whether the objects a ledger records under
+// database old are those of the current database, renamed (or restored
+// under another name) since: old no longer exists on this server, and the
+// connector's marked audit table is here. A copy whose original still
+// exists is not taken for it.
+func databaseRenamed(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, old, auditSchema string, n names) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)
+   AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+               WHERE ns.nspname = $2 AND c.relname = $3 AND obj_description(c.oid, 'pg_class') = $4::text)`,
+		old, auditSchema, n.table, n.marker).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("checking whether database %q was renamed: %w", old, err)
+	}
+	return ok, nil
 }
 
 // checkAuditSchemaMove reports, as a problem of audit.schema, a
@@ -958,6 +980,21 @@ func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect
 	slices.SortStableFunc(rs, func(a, b connect.Resource) int {
 		return slices.Index(dropOrder, a.Kind) - slices.Index(dropOrder, b.Kind)
 	})
+	// Entries under another database name are this database's when it was
+	// renamed since (a cleanup-only instance never provisioned, so nothing
+	// recorded them under the new name).
+	renamed := map[string]bool{}
+	for _, r := range rs {
+		rdb, parts, err := parseQualified(r.Location)
+		if err != nil || r.Kind != KindTable || r.Name != n.table || rdb == db || len(parts) != 1 {
+			continue
+		}
+		ok, err := databaseRenamed(ctx, tx, rdb, parts[0], n)
+		if err != nil {
+			return err
+		}
+		renamed[rdb] = ok
+	}
 
 	// Markers of everything listed, in one round trip per kind.
 	type target struct {
@@ -976,7 +1013,7 @@ func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect
 		if err != nil {
 			return err
 		}
-		if rdb != db {
+		if rdb != db && !renamed[rdb] {
 			return fmt.Errorf("%v lives in database %q but %s connects to %q: point %s at %q and delete again", r, rdb, KeyURL, db, KeyURL, rdb)
 		}
 		tg := &target{r: r, parts: parts}

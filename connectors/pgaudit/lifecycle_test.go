@@ -194,10 +194,13 @@ func TestAuditSchemaMoveRefused(t *testing.T) {
 	})
 }
 
-// TestDatabaseRenamedOrSwitched: after ALTER DATABASE ... RENAME the
-// connector starts against the new name, its ledger names it, and deletion
-// drops everything; a postgres.url that points at another database while
-// the objects live in the first one is refused naming the key.
+// TestDatabaseRenamedOrSwitched: a postgres.url pointing at another
+// database than the one holding the connector's objects is refused naming
+// the key, also when that database is a copy holding the same objects
+// while the original still exists. After ALTER DATABASE ... RENAME the
+// connector starts against the new name and its ledger names it; a
+// deletion by a cleanup-only instance (which never provisions) after
+// another rename drops everything too.
 func TestDatabaseRenamedOrSwitched(t *testing.T) {
 	db, adminURL := admin(t)
 	ctx := testCtx(t)
@@ -209,10 +212,10 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 		u.Path = "/" + name
 		return u.String()
 	}
-	first, renamed := testenv.Unique("pga_db_"), testenv.Unique("pga_db_")
+	first, copied, renamed, again := testenv.Unique("pga_db_"), testenv.Unique("pga_db_"), testenv.Unique("pga_db_"), testenv.Unique("pga_db_")
 	mustExec(t, db, `CREATE DATABASE `+pgx.Identifier{first}.Sanitize())
 	t.Cleanup(func() {
-		for _, d := range []string{first, renamed} {
+		for _, d := range []string{first, copied, renamed, again} {
 			_, _ = db.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{d}.Sanitize()+` WITH (FORCE)`)
 		}
 	})
@@ -228,36 +231,55 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 	if err := startConnector(t, cfg, l).stop(false); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{first}.Sanitize()+` RENAME TO `+pgx.Identifier{renamed}.Sanitize())
-
-	// Pointed at another database (the test one), where nothing of it lives.
-	switched := cfg.Clone()
-	switched[KeyURL] = adminURL
-	if r, err := tryStart(t, switched, l); err == nil {
-		_ = r.stop(false)
-		t.Fatal("Start against another database succeeded")
-	} else if !strings.Contains(err.Error(), KeyURL) || !strings.Contains(err.Error(), first) {
-		t.Errorf("Start against another database = %v, want an error naming %s and %s", err, KeyURL, first)
+	refused := func(what, url string) {
+		t.Helper()
+		c := cfg.Clone()
+		c[KeyURL] = url
+		if r, err := tryStart(t, c, l); err == nil {
+			_ = r.stop(false)
+			t.Errorf("Start against %s succeeded", what)
+		} else if !strings.Contains(err.Error(), KeyURL) || !strings.Contains(err.Error(), first) {
+			t.Errorf("Start against %s = %v, want an error naming %s and %s", what, err, KeyURL, first)
+		}
 	}
+	mustExec(t, db, `CREATE DATABASE `+pgx.Identifier{copied}.Sanitize()+` TEMPLATE `+pgx.Identifier{first}.Sanitize())
+	refused("a copy while the original exists", withDB(copied))
+	refused("another database", adminURL)
 
+	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{first}.Sanitize()+` RENAME TO `+pgx.Identifier{renamed}.Sanitize())
 	cfg[KeyURL] = withDB(renamed)
 	r := startConnector(t, cfg, l)
 	owned, _ := l.List(ctx)
+	if len(owned) == 0 {
+		t.Fatal("ledger empty after the restart")
+	}
 	for _, res := range owned {
 		if resourceDB(res) != renamed {
 			t.Errorf("ledger entry %v does not name the renamed database", res)
 		}
 	}
-	if len(owned) == 0 {
-		t.Fatal("ledger empty after the restart")
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
 	}
-	if err := r.stop(true); err != nil {
-		t.Fatalf("deleting after the rename: %v", err)
+
+	// Renamed again; the deletion is finished by a cleanup-only instance.
+	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{renamed}.Sanitize()+` RENAME TO `+pgx.Identifier{again}.Sanitize())
+	cfg[KeyURL] = withDB(again)
+	host := testHost(cfg["name"], -1, l)
+	host.CleanupOnly = true
+	cctx := connect.WithHost(ctx, host)
+	cleanup := &Connector{}
+	if err := cleanup.Start(cctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cleanup.Stop(true)
+	if err := cleanup.Stopped(cctx); err != nil {
+		t.Fatalf("deleting after another rename: %v", err)
 	}
 	if left, _ := l.List(ctx); len(left) != 0 {
 		t.Errorf("ledger after the deletion: %v", left)
 	}
-	check, err := pgxpool.New(ctx, withDB(renamed))
+	check, err := pgxpool.New(ctx, withDB(again))
 	if err != nil {
 		t.Fatal(err)
 	}
