@@ -136,16 +136,27 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	if name == "" {
 		errs["name"] = append(errs["name"], "the connector name is missing")
 	}
-	if v, ok := cfg[KeyAuditSchema]; ok && v == "" {
-		// Present but empty: the definition's checks skip empty optional
-		// values, and the default fills only absent keys.
-		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], "must not be empty (leave the key out for the default, tidyconnect)")
+	// Present but blank: the definition's checks skip blank optional
+	// values, and the default fills only absent keys.
+	if v, ok := cfg[KeyAuditSchema]; ok && strings.TrimSpace(v) == "" {
+		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], "must not be blank (leave the key out for the default, tidyconnect)")
+	}
+	if v, ok := cfg[KeyCaptureOrder]; ok && strings.TrimSpace(v) == "" {
+		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", orderStatement))
 	}
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])
-	}
-	if v, ok := cfg[KeyCaptureOrder]; ok && v == "" {
-		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be empty (leave the key out for the default, %s)", orderStatement))
+		// Two tables on one topic would mix their changes, and keys of
+		// one could compact away the other's.
+		byTopic := map[string]tableName{}
+		for _, t := range s.tables {
+			topic := topicName(s.topicPrefix, t)
+			if other, ok := byTopic[topic]; ok {
+				errs[KeyTables] = append(errs[KeyTables], fmt.Sprintf("tables %s and %s would both go to topic %q (characters Kafka does not allow become '_'): capture one of them", other.quoted(), t.quoted(), topic))
+				continue
+			}
+			byTopic[topic] = t
+		}
 	}
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)

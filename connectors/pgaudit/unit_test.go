@@ -152,3 +152,40 @@ func TestTaskRefusesBadTaskCount(t *testing.T) {
 		_ = task.Stopped(ctx)
 	}
 }
+
+// TestParseSettingsBlankAndCollidingValues: blank values of optional keys
+// and tables that would share a topic are errors on the key at fault.
+func TestParseSettingsBlankAndCollidingValues(t *testing.T) {
+	base := func() connect.Config {
+		return connect.Config{KeyURL: "postgres://x@h/db", KeyTables: "s.a,s.b", KeyTopicPrefix: "tc"}
+	}
+	tests := []struct {
+		name    string
+		edit    func(connect.Config)
+		key     string
+		mention string
+	}{
+		{"blank audit schema", func(c connect.Config) { c[KeyAuditSchema] = "  " }, KeyAuditSchema, "must not be blank"},
+		{"blank capture order", func(c connect.Config) { c[KeyCaptureOrder] = " " }, KeyCaptureOrder, "must not be blank"},
+		{"unknown capture order", func(c connect.Config) { c[KeyCaptureOrder] = "random" }, KeyCaptureOrder, `"commit" or "statement"`},
+		{"tables on one topic", func(c connect.Config) { c[KeyTables] = `s."my table",s.my_table` }, KeyTables, `would both go to topic "tc.s.my_table"`},
+		{"names cut at the topic length", func(c connect.Config) {
+			long := strings.Repeat("x", 62)
+			c[KeyTables] = long + "." + long + "a," + long + "." + long + "b"
+			c[KeyTopicPrefix] = strings.Repeat("p", 200)
+		}, KeyTables, "would both go to topic"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := base()
+			tt.edit(cfg)
+			_, errs := parseSettings("c", cfg)
+			if got := strings.Join(errs[tt.key], " | "); !strings.Contains(got, tt.mention) {
+				t.Errorf("errors on %s = %q, want one containing %q (all: %v)", tt.key, got, tt.mention, errs)
+			}
+		})
+	}
+	if _, errs := parseSettings("c", base()); len(errs) != 0 {
+		t.Errorf("a valid configuration: %v", errs)
+	}
+}
