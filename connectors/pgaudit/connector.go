@@ -344,6 +344,10 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 		return errs
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if err := checkServerVersion(ctx, conn); err != nil {
+		errs[KeyURL] = append(errs[KeyURL], err.Error())
+		return errs
+	}
 	if len(s.tables) > 0 {
 		problems, err := checkTables(ctx, conn, s)
 		if err != nil {
@@ -437,6 +441,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
+	}
+	if err := checkServerVersion(ctx, tx); err != nil {
+		return fmt.Errorf("%s: %w", KeyURL, err)
 	}
 	if before, err = rehomeDatabase(ctx, tx, s, n, h, before); err != nil {
 		return err
@@ -750,6 +757,28 @@ func rehomeDatabase(ctx context.Context, q interface {
 	}
 	h.Logger.Info("the database was renamed or restored under another name: the ledger now names it", "from", other, "to", db)
 	return out, nil
+}
+
+// minServerVersion is the oldest PostgreSQL pgaudit runs on: tasks read
+// around the ids in flight with int8multirange (14).
+const minServerVersion = 140000
+
+// checkServerVersion refuses a server older than minServerVersion.
+func checkServerVersion(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var num int
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num')::int`).Scan(&num); err != nil {
+		return fmt.Errorf("reading the server version: %w", err)
+	}
+	return serverVersionProblem(num)
+}
+
+func serverVersionProblem(num int) error {
+	if num < minServerVersion {
+		return fmt.Errorf("the server runs PostgreSQL %d.%d; pgaudit needs %d or later", num/10000, num%10000, minServerVersion/10000)
+	}
+	return nil
 }
 
 // databaseRenamed reports whether the objects a ledger records under

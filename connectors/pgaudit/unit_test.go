@@ -189,3 +189,19 @@ func TestParseSettingsBlankAndCollidingValues(t *testing.T) {
 		t.Errorf("a valid configuration: %v", errs)
 	}
 }
+
+func TestServerVersionProblem(t *testing.T) {
+	for _, tt := range []struct {
+		num     int
+		mention string
+	}{
+		{130015, "PostgreSQL 13.15; pgaudit needs 14 or later"},
+		{140000, ""},
+		{170002, ""},
+	} {
+		err := serverVersionProblem(tt.num)
+		if (err == nil) != (tt.mention == "") || (err != nil && !strings.Contains(err.Error(), tt.mention)) {
+			t.Errorf("serverVersionProblem(%d) = %v, want %q", tt.num, err, tt.mention)
+		}
+	}
+}
