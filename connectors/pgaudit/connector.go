@@ -589,6 +589,11 @@ SELECT current_database()::text,
 	if err != nil {
 		return err
 	}
+	if disabled, err := disabledTriggers(ctx, tx, trigNames, append(slices.Clone(s.tables), tableName{s.auditSchema, n.table})); err != nil {
+		return err
+	} else if len(disabled) > 0 {
+		return fmt.Errorf("%s: capture triggers are disabled, so changes are not captured (nothing was changed): %s; enable them, or remove the tables", KeyTables, strings.Join(disabled, "; "))
+	}
 	removed, err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add)
 	if err != nil {
 		return err
@@ -914,6 +919,42 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 		}
 	}
 	return removed, nil
+}
+
+// disabledTriggers lists, as ALTER TABLE statements that enable them, the
+// triggers with one of the given names on the given tables that are
+// disabled (ALTER TABLE ... DISABLE TRIGGER, pg_restore
+// --disable-triggers): existing triggers are kept as they are, and a
+// disabled one captures nothing.
+func disabledTriggers(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, trigNames []string, tables []tableName) ([]string, error) {
+	schemas, names := make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	rows, err := q.Query(ctx, `
+SELECT x.s, x.t, tg.tgname::text
+FROM unnest($1::text[], $2::text[]) AS x(s, t)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[])
+WHERE tg.tgenabled = 'D'
+ORDER BY 1, 2, 3`, schemas, names, trigNames)
+	if err != nil {
+		return nil, fmt.Errorf("checking whether the capture triggers are enabled: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t tableName
+		var trig string
+		if err := rows.Scan(&t.Schema, &t.Name, &trig); err != nil {
+			return nil, fmt.Errorf("checking whether the capture triggers are enabled: %w", err)
+		}
+		out = append(out, fmt.Sprintf("ALTER TABLE %s ENABLE TRIGGER %s", t.quoted(), pgx.Identifier{trig}.Sanitize()))
+	}
+	return out, rows.Err()
 }
 
 // callingTrigger is a trigger and the table it is on.

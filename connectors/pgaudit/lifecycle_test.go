@@ -342,6 +342,43 @@ func TestCapturedTableRenamed(t *testing.T) {
 	}
 }
 
+// TestDisabledCaptureTriggerRefused: a restart finds a capture trigger
+// disabled (a forgotten ALTER TABLE ... DISABLE TRIGGER): Start fails naming
+// tables and the statement that enables it, and changes nothing; once it
+// is enabled, the restart works.
+func TestDisabledCaptureTriggerRefused(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "bulk")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	l := connect.NewMemoryLedger()
+	cfg := baseConfig(testenv.Unique("disabled-"), url, auditSchemaFor(t, db), s+".bulk")
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	trig := pgx.Identifier{objectNames(cfg["name"]).trigger("INSERT")}.Sanitize()
+	mustExec(t, db, `ALTER TABLE `+tbl+` DISABLE TRIGGER `+trig)
+	before, _ := l.List(testCtx(t))
+	r, err := tryStart(t, cfg, l)
+	if err == nil {
+		defer func() { _ = r.stop(true) }()
+	}
+	want := "ALTER TABLE " + tbl + " ENABLE TRIGGER " + trig
+	if err == nil || !strings.Contains(err.Error(), KeyTables) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Start with a disabled capture trigger = %v, want an error naming %s and %q", err, KeyTables, want)
+	}
+	if after, _ := l.List(testCtx(t)); !slices.Equal(after, before) {
+		t.Errorf("ledger changed by the refused start: %v, was %v", after, before)
+	}
+	mustExec(t, db, want)
+	r = startConnector(t, cfg, l)
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Errorf("after enabling: %+v", got[0])
+	}
+}
+
 // TestHostileNames: a table named like an injection is captured and the
 // table it names survives; connector names equal in their first 63 bytes
 // get distinct objects.
