@@ -370,3 +370,41 @@ func TestColumnChangesWideTableAndDroppedType(t *testing.T) {
 		}
 	}
 }
+
+// TestUndeliveredChangesAcrossHarderColumnChanges: changes written before
+// a column of the same type as the next one was dropped are not labelled
+// with the next column's name, and changes whose values the narrowed
+// column type would refuse are delivered as written instead of failing the
+// task on every restart.
+func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	dropped, narrowed := qualified(s, "dropped"), qualified(s, "narrowed")
+	mustExec(t, db, `CREATE TABLE `+dropped+` (id int PRIMARY KEY, a text, b text)`)
+	mustExec(t, db, `CREATE TABLE `+narrowed+` (id int PRIMARY KEY, name varchar(10))`)
+	r := startConnector(t, baseConfig(testenv.Unique("ddl2-"), url, auditSchemaFor(t, db), s+".dropped", s+".narrowed"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+dropped+` VALUES (1, 'A', 'B')`)
+	mustExec(t, db, `ALTER TABLE `+dropped+` DROP COLUMN a`)
+	mustExec(t, db, `INSERT INTO `+narrowed+` VALUES (1, 'abcdefghij')`)
+	mustExec(t, db, `DELETE FROM `+narrowed)
+	mustExec(t, db, `ALTER TABLE `+narrowed+` ALTER COLUMN name TYPE varchar(5)`)
+
+	got := r.collect(3, true)
+	r.quiet()
+	want := []string{
+		`dropped c map[_column_2:A _column_3:B id:1]`, // not b:A
+		`narrowed c map[id:1 name:abcdefghij]`,
+		`narrowed d map[id:1 name:abcdefghij]`,
+	}
+	for i, c := range got {
+		img := c.After
+		if c.Op == "d" {
+			img = c.Before
+		}
+		if g := fmt.Sprintf("%s %s %v", c.Source.Table, c.Op, img); g != want[i] {
+			t.Errorf("change %d: %s, want %s", i, g, want[i])
+		}
+	}
+}

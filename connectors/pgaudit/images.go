@@ -142,7 +142,7 @@ func decodeRowType(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs 
 func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(imgs))
 	for i, img := range imgs {
-		j, err := decodeByColumn(ctx, conn, m.columns, img)
+		j, err := decodeByColumn(ctx, conn, m.columns[:min(m.stable, len(m.columns))], img)
 		if err != nil {
 			return nil, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)
 		}
@@ -152,16 +152,19 @@ func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, img
 }
 
 // shapeChanged reports the errors with which record_recv rejects an image
-// whose columns do not match the row type.
+// written before the table's columns changed: the column-by-column path
+// reads each value by the type it was written with, and delivers what even
+// that cannot read as hex, so no image stops the stream.
 func shapeChanged(err error) bool {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) {
 		return false
 	}
-	switch pe.Code {
-	case "42804", // datatype_mismatch: wrong number of columns, wrong data type
-		"22P03", // invalid_binary_representation
-		"42704": // undefined_object: the row type is gone
+	switch {
+	case pe.Code == "42804", // datatype_mismatch: wrong number of columns, wrong data type
+		pe.Code == "42704",               // undefined_object: the row type is gone
+		strings.HasPrefix(pe.Code, "22"), // data exception: a narrower varchar, a renamed enum label, ...
+		strings.HasPrefix(pe.Code, "23"): // integrity: a domain's new CHECK
 		return true
 	}
 	return false

@@ -99,6 +99,10 @@ type tableMeta struct {
 	// task decodes row images with them.
 	rowType, arrayType uint32
 	columns            []column
+	// stable counts the leading live columns before the first dropped one:
+	// an image written before a column was dropped has that column's value
+	// at its position, so only columns before it line up by position.
+	stable int
 }
 
 // inflightRow is an audit row whose changes were polled and not all
@@ -224,7 +228,11 @@ SELECT x.s, x.n, coalesce((
   coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
   coalesce((SELECT array_agg(a.atttypid::int8 ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}')
+            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
+  (SELECT count(*) FROM pg_catalog.pg_attribute a
+   WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+     AND a.attnum < coalesce((SELECT min(d.attnum) FROM pg_catalog.pg_attribute d
+                              WHERE d.attrelid = c.oid AND d.attnum > 0 AND d.attisdropped), 32767))
 FROM unnest($1::text[], $2::text[]) AS x(s, n)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n
@@ -239,12 +247,14 @@ LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names)
 			pk, colNames       []string
 			rowType, arrayType int64
 			colTypes           []int64
+			stable             int64
 		)
-		if err := rows.Scan(&tb.Schema, &tb.Name, &pk, &rowType, &arrayType, &colNames, &colTypes); err != nil {
+		if err := rows.Scan(&tb.Schema, &tb.Name, &pk, &rowType, &arrayType, &colNames, &colTypes, &stable); err != nil {
 			return err
 		}
 		m := t.newMeta(tb, pk)
 		m.rowType, m.arrayType = uint32(rowType), uint32(arrayType)
+		m.stable = int(stable)
 		for i, n := range colNames {
 			m.columns = append(m.columns, column{name: n, oid: uint32(colTypes[i])})
 		}
@@ -676,7 +686,7 @@ func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb tableName, im
 	if out, err = decodeRowType(ctx, conn, m, imgs); err == nil || !shapeChanged(err) {
 		return out, err
 	}
-	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns are named by position where the current column has the same type, else _column_<n>",
+	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns are named by position up to the first dropped column where the current column has the same type, else _column_<n>",
 		"table", m.table, "changes", len(imgs), "reason", err)
 	return decodeByColumns(ctx, conn, m, imgs)
 }
