@@ -731,10 +731,10 @@ func rehomeDatabase(ctx context.Context, q interface {
 	}
 	slices.Sort(others)
 	other := others[0]
-	// A rename leaves no entry under the new name; entries under both
-	// names mean objects in two databases.
+	// Entries under both names are a rename recorded in part (Start
+	// stopped halfway through the loop below): finish it.
 	renamed := false
-	if !dbs[db] && len(others) == 1 {
+	if len(others) == 1 {
 		var err error
 		if renamed, err = databaseRenamed(ctx, q, other, s.auditSchema, n); err != nil {
 			return nil, err

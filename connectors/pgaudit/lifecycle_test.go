@@ -247,6 +247,14 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 	refused("another database", adminURL)
 
 	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{first}.Sanitize()+` RENAME TO `+pgx.Identifier{renamed}.Sanitize())
+	// As if an earlier Start had stopped halfway through recording the
+	// entries under the new name.
+	listed, _ := l.List(ctx)
+	half := listed[0]
+	half.Location = renamed + strings.TrimPrefix(half.Location, first)
+	if err := l.Own(ctx, half); err != nil {
+		t.Fatal(err)
+	}
 	cfg[KeyURL] = withDB(renamed)
 	r := startConnector(t, cfg, l)
 	owned, _ := l.List(ctx)
