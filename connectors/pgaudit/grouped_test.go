@@ -373,16 +373,19 @@ func TestColumnChangesWideTableAndDroppedType(t *testing.T) {
 
 // TestUndeliveredChangesAcrossHarderColumnChanges: changes written before
 // a column of the same type as the next one was dropped are not labelled
-// with the next column's name, and changes whose values the narrowed
-// column type would refuse are delivered as written instead of failing the
-// task on every restart.
+// with the next column's name; changes written before an ADD COLUMN keep
+// every name (and their key) although the table dropped a column long
+// before; changes whose values the narrowed column type would refuse are
+// delivered as written instead of failing the task on every restart.
 func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	dropped, narrowed := qualified(s, "dropped"), qualified(s, "narrowed")
+	dropped, narrowed, added := qualified(s, "dropped"), qualified(s, "narrowed"), qualified(s, "added")
 	mustExec(t, db, `CREATE TABLE `+dropped+` (id int PRIMARY KEY, a text, b text)`)
 	mustExec(t, db, `CREATE TABLE `+narrowed+` (id int PRIMARY KEY, name varchar(10))`)
-	r := startConnector(t, baseConfig(testenv.Unique("ddl2-"), url, auditSchemaFor(t, db), s+".dropped", s+".narrowed"), connect.NewMemoryLedger())
+	mustExec(t, db, `CREATE TABLE `+added+` (x int, id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `ALTER TABLE `+added+` DROP COLUMN x`) // long before the changes
+	r := startConnector(t, baseConfig(testenv.Unique("ddl2-"), url, auditSchemaFor(t, db), s+".dropped", s+".narrowed", s+".added"), connect.NewMemoryLedger())
 	defer func() { _ = r.stop(true) }()
 
 	mustExec(t, db, `INSERT INTO `+dropped+` VALUES (1, 'A', 'B')`)
@@ -390,20 +393,27 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 	mustExec(t, db, `INSERT INTO `+narrowed+` VALUES (1, 'abcdefghij')`)
 	mustExec(t, db, `DELETE FROM `+narrowed)
 	mustExec(t, db, `ALTER TABLE `+narrowed+` ALTER COLUMN name TYPE varchar(5)`)
+	mustExec(t, db, `INSERT INTO `+added+` VALUES (1, 'v')`)
+	mustExec(t, db, `ALTER TABLE `+added+` ADD COLUMN w text`)
 
-	got := r.collect(3, true)
+	got := r.collect(4, true)
 	r.quiet()
 	want := []string{
 		`dropped c map[_column_2:A _column_3:B id:1]`, // not b:A
 		`narrowed c map[id:1 name:abcdefghij]`,
 		`narrowed d map[id:1 name:abcdefghij]`,
+		`added c map[id:1 v:v] key map[id:1]`,
 	}
 	for i, c := range got {
 		img := c.After
 		if c.Op == "d" {
 			img = c.Before
 		}
-		if g := fmt.Sprintf("%s %s %v", c.Source.Table, c.Op, img); g != want[i] {
+		g := fmt.Sprintf("%s %s %v", c.Source.Table, c.Op, img)
+		if c.Source.Table == "added" {
+			g += fmt.Sprintf(" key %v", c.Key)
+		}
+		if g != want[i] {
 			t.Errorf("change %d: %s, want %s", i, g, want[i])
 		}
 	}

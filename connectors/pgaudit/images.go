@@ -142,7 +142,7 @@ func decodeRowType(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs 
 func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(imgs))
 	for i, img := range imgs {
-		j, err := decodeByColumn(ctx, conn, m.columns[:min(m.stable, len(m.columns))], img)
+		j, err := decodeByColumn(ctx, conn, m.columns, m.stable, img)
 		if err != nil {
 			return nil, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)
 		}
@@ -181,15 +181,27 @@ const maxPairsPerCall = 50
 // "_column_<position>", and its value is still delivered. A value
 // PostgreSQL can no longer read (its type was dropped since) is delivered
 // as the hex string of its binary form rather than blocking the stream.
-func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, img []byte) ([]byte, error) {
+func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, stable int, img []byte) ([]byte, error) {
 	cols, err := recordColumns(img)
 	if err != nil {
 		return nil, err
 	}
+	// When the image's types are those of the table's first columns, no
+	// column was dropped since it was written (columns added since come
+	// last): every name holds. Otherwise one was, and only the columns
+	// before the table's first dropped column still line up; a later one
+	// of the same type would lend its name to its dropped neighbour's value.
+	limit := len(cols)
+	for i, c := range cols {
+		if i >= len(current) || current[i].oid != c.oid {
+			limit = min(i, stable)
+			break
+		}
+	}
 	names := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = "_column_" + strconv.Itoa(i+1)
-		if i < len(current) && current[i].oid == c.oid {
+		if i < limit && current[i].oid == c.oid {
 			names[i] = current[i].name
 		}
 	}
