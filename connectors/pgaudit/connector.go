@@ -1053,13 +1053,21 @@ func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect
 	// Entries under another database name are this database's when it was
 	// renamed since (a cleanup-only instance never provisioned, so nothing
 	// recorded them under the new name).
+	// The audit schema comes from the audit table's entry, under whichever
+	// name: a rename recorded in part may have moved it already.
+	var auditSchema string
+	for _, r := range rs {
+		if _, parts, err := parseQualified(r.Location); err == nil && r.Kind == KindTable && r.Name == n.table && len(parts) == 1 {
+			auditSchema = parts[0]
+		}
+	}
 	renamed := map[string]bool{}
 	for _, r := range rs {
-		rdb, parts, err := parseQualified(r.Location)
-		if err != nil || r.Kind != KindTable || r.Name != n.table || rdb == db || len(parts) != 1 {
+		rdb := resourceDB(r)
+		if _, seen := renamed[rdb]; seen || rdb == db || auditSchema == "" {
 			continue
 		}
-		ok, err := databaseRenamed(ctx, tx, rdb, parts[0], n)
+		ok, err := databaseRenamed(ctx, tx, rdb, auditSchema, n)
 		if err != nil {
 			return err
 		}

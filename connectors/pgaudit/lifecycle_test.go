@@ -270,8 +270,22 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Renamed again; the deletion is finished by a cleanup-only instance.
+	// Renamed again, and only the audit table's entry recorded under the
+	// new name (as if that Start had stopped after it); the deletion is
+	// finished by a cleanup-only instance.
 	mustExec(t, db, `ALTER DATABASE `+pgx.Identifier{renamed}.Sanitize()+` RENAME TO `+pgx.Identifier{again}.Sanitize())
+	for _, res := range owned {
+		if res.Kind == KindTable && res.Name == objectNames(cfg["name"]).table {
+			moved := res
+			moved.Location = again + strings.TrimPrefix(res.Location, renamed)
+			if err := l.Own(ctx, moved); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Release(ctx, res); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	cfg[KeyURL] = withDB(again)
 	host := testHost(cfg["name"], -1, l)
 	host.CleanupOnly = true
