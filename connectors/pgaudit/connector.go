@@ -589,10 +589,17 @@ SELECT current_database()::text,
 	if err != nil {
 		return err
 	}
-	if disabled, err := disabledTriggers(ctx, tx, trigNames, append(slices.Clone(s.tables), tableName{s.auditSchema, n.table})); err != nil {
+	if disabled, err := disabledTriggers(ctx, tx, trigNames[1:], s.tables); err != nil {
 		return err
 	} else if len(disabled) > 0 {
 		return fmt.Errorf("%s: capture triggers are disabled, so changes are not captured (nothing was changed): %s; enable them, or remove the tables", KeyTables, strings.Join(disabled, "; "))
+	}
+	if s.commitOrder {
+		if disabled, err := disabledTriggers(ctx, tx, trigNames[:1], []tableName{{s.auditSchema, n.table}}); err != nil {
+			return err
+		} else if len(disabled) > 0 {
+			return fmt.Errorf("%s: the commit-order trigger is disabled, so changes leave in statement order (nothing was changed): %s; enable it, or set %s=%s", KeyCaptureOrder, strings.Join(disabled, "; "), KeyCaptureOrder, orderStatement)
+		}
 	}
 	removed, err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add)
 	if err != nil {
@@ -603,7 +610,15 @@ SELECT current_database()::text,
 		configured[t.quoted()] = true
 		for _, e := range triggerEvents {
 			trig := n.trigger(e)
-			if _, ok := existing[t.quoted()+" "+trig]; ok {
+			if marker, ok := existing[t.quoted()+" "+trig]; ok {
+				// The connector's own trigger that the ledger does not list
+				// (its table was renamed to this name): list it again, so a
+				// later reconfiguration or deletion finds it.
+				if r := triggerRes(db, t, trig); marker != nil && *marker == n.marker && !slices.Contains(before, r) {
+					if err := own(r); err != nil {
+						return err
+					}
+				}
 				continue
 			}
 			if err := own(triggerRes(db, t, trig)); err != nil {
@@ -922,10 +937,10 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 }
 
 // disabledTriggers lists, as ALTER TABLE statements that enable them, the
-// triggers with one of the given names on the given tables that are
-// disabled (ALTER TABLE ... DISABLE TRIGGER, pg_restore
-// --disable-triggers): existing triggers are kept as they are, and a
-// disabled one captures nothing.
+// triggers with one of the given names on the given tables that do not
+// fire in ordinary sessions (ALTER TABLE ... DISABLE TRIGGER, pg_restore
+// --disable-triggers, ENABLE REPLICA TRIGGER): existing triggers are kept
+// as they are, and such a one captures nothing.
 func disabledTriggers(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, trigNames []string, tables []tableName) ([]string, error) {
@@ -939,7 +954,7 @@ FROM unnest($1::text[], $2::text[]) AS x(s, t)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
 JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[])
-WHERE tg.tgenabled = 'D'
+WHERE tg.tgenabled IN ('D', 'R') -- 'R': fires only in replica sessions
 ORDER BY 1, 2, 3`, schemas, names, trigNames)
 	if err != nil {
 		return nil, fmt.Errorf("checking whether the capture triggers are enabled: %w", err)

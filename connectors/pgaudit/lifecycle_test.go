@@ -345,8 +345,16 @@ func TestCapturedTableRenamed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// c2 is configured under its new name; renamed once more, the ledger
-	// and the configuration both name it wrongly: deletion still drops it.
+	// c2 is configured under its new name: the ledger lists its triggers
+	// again under it.
+	listed, _ := l.List(ctx)
+	for _, e := range triggerEvents {
+		if res := triggerRes("test", tableName{s, "c2"}, objectNames(cfg["name"]).trigger(e)); !slices.ContainsFunc(listed, func(x connect.Resource) bool { return x.Kind == res.Kind && x.Name == res.Name && strings.HasSuffix(x.Location, res.Location[len("test"):]) }) {
+			t.Errorf("ledger %v does not list %v", listed, res)
+		}
+	}
+	// Renamed once more, the ledger and the configuration both name it
+	// wrongly: the next Start drops its triggers.
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "c2")+` RENAME TO c3`)
 	cfg[KeyTables] = s + ".a"
 	r = startConnector(t, cfg, l)
@@ -391,6 +399,13 @@ func TestDisabledCaptureTriggerRefused(t *testing.T) {
 	}
 	if after, _ := l.List(testCtx(t)); !slices.Equal(after, before) {
 		t.Errorf("ledger changed by the refused start: %v, was %v", after, before)
+	}
+	// A trigger that fires only in replica sessions captures nothing
+	// either.
+	mustExec(t, db, `ALTER TABLE `+tbl+` ENABLE REPLICA TRIGGER `+trig)
+	if r, err := tryStart(t, cfg, l); err == nil {
+		_ = r.stop(true)
+		t.Fatal("Start with a replica-only capture trigger succeeded")
 	}
 	mustExec(t, db, want)
 	r = startConnector(t, cfg, l)
