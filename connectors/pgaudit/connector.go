@@ -788,15 +788,16 @@ func checkServerVersion(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) error {
 	var num int
-	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num')::int`).Scan(&num); err != nil {
+	var version string
+	if err := q.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num')::int, pg_catalog.current_setting('server_version')`).Scan(&num, &version); err != nil {
 		return fmt.Errorf("reading the server version: %w", err)
 	}
-	return serverVersionProblem(num)
+	return serverVersionProblem(num, version)
 }
 
-func serverVersionProblem(num int) error {
+func serverVersionProblem(num int, version string) error {
 	if num < minServerVersion {
-		return fmt.Errorf("the server runs PostgreSQL %d.%d; pgaudit needs %d or later", num/10000, num%10000, minServerVersion/10000)
+		return fmt.Errorf("the server runs PostgreSQL %s; pgaudit needs %d or later", version, minServerVersion/10000)
 	}
 	return nil
 }

@@ -147,15 +147,17 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])
 		// Two tables on one topic would mix their changes, and keys of
-		// one could compact away the other's.
+		// one could compact away the other's. Kafka also refuses a topic
+		// whose name differs from an existing one only in '.' against '_'.
 		byTopic := map[string]tableName{}
 		for _, t := range s.tables {
 			topic := topicName(s.topicPrefix, t)
-			if other, ok := byTopic[topic]; ok {
-				errs[KeyTables] = append(errs[KeyTables], fmt.Sprintf("tables %s and %s would both go to topic %q (characters Kafka does not allow become '_'): capture one of them", other.quoted(), t.quoted(), topic))
+			clash := strings.ReplaceAll(topic, ".", "_")
+			if other, ok := byTopic[clash]; ok {
+				errs[KeyTables] = append(errs[KeyTables], fmt.Sprintf("tables %s and %s would go to topics that Kafka takes for the same (%q: characters Kafka does not allow become '_', '.' and '_' collide, names are cut at 249 characters): capture one of them", other.quoted(), t.quoted(), topic))
 				continue
 			}
-			byTopic[topic] = t
+			byTopic[clash] = t
 		}
 	}
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit

@@ -168,12 +168,13 @@ func TestParseSettingsBlankAndCollidingValues(t *testing.T) {
 		{"blank audit schema", func(c connect.Config) { c[KeyAuditSchema] = "  " }, KeyAuditSchema, "must not be blank"},
 		{"blank capture order", func(c connect.Config) { c[KeyCaptureOrder] = " " }, KeyCaptureOrder, "must not be blank"},
 		{"unknown capture order", func(c connect.Config) { c[KeyCaptureOrder] = "random" }, KeyCaptureOrder, `"commit" or "statement"`},
-		{"tables on one topic", func(c connect.Config) { c[KeyTables] = `s."my table",s.my_table` }, KeyTables, `would both go to topic "tc.s.my_table"`},
+		{"tables on one topic", func(c connect.Config) { c[KeyTables] = `s."my table",s.my_table` }, KeyTables, `would go to topics that Kafka takes for the same ("tc.s.my_table"`},
+		{"topics that differ in '.' against '_'", func(c connect.Config) { c[KeyTables] = `s.my_table,s."my.table"` }, KeyTables, `would go to topics that Kafka takes for the same ("tc.s.my.table"`},
 		{"names cut at the topic length", func(c connect.Config) {
 			long := strings.Repeat("x", 62)
 			c[KeyTables] = long + "." + long + "a," + long + "." + long + "b"
 			c[KeyTopicPrefix] = strings.Repeat("p", 200)
-		}, KeyTables, "would both go to topic"},
+		}, KeyTables, "would go to topics that Kafka takes for the same"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -193,13 +194,15 @@ func TestParseSettingsBlankAndCollidingValues(t *testing.T) {
 func TestServerVersionProblem(t *testing.T) {
 	for _, tt := range []struct {
 		num     int
+		version string
 		mention string
 	}{
-		{130015, "PostgreSQL 13.15; pgaudit needs 14 or later"},
-		{140000, ""},
-		{170002, ""},
+		{90624, "9.6.24", "PostgreSQL 9.6.24; pgaudit needs 14 or later"},
+		{130015, "13.15 (Debian 13.15-1)", "PostgreSQL 13.15 (Debian 13.15-1); pgaudit needs 14 or later"},
+		{140000, "14.0", ""},
+		{170002, "17.2", ""},
 	} {
-		err := serverVersionProblem(tt.num)
+		err := serverVersionProblem(tt.num, tt.version)
 		if (err == nil) != (tt.mention == "") || (err != nil && !strings.Contains(err.Error(), tt.mention)) {
 			t.Errorf("serverVersionProblem(%d) = %v, want %q", tt.num, err, tt.mention)
 		}
