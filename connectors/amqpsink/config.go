@@ -139,16 +139,36 @@ var configDef = connect.ConfigDef{
 	{Name: KeyContentType, Type: connect.TypeString, Default: "application/octet-stream", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 10,
 		Doc: "content-type property of every message (the record value is copied as is)."},
 	{Name: KeyMaxInFlight, Type: connect.TypeInt, Default: "4096", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 11,
-		Doc:      "Messages published but not yet confirmed, per task; Put waits when it is reached. Bounds memory.",
-		Validate: positive},
+		Doc:      "Messages published but not yet confirmed, per task (at most 65536); Put waits when it is reached. Bounds memory.",
+		Validate: atMost(maxInFlightLimit)},
 	{Name: KeyReconnectTimeout, Type: connect.TypeLong, Default: "300000", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 12,
-		Doc:      "How long a task keeps reconnecting (with backoff) after losing the broker before it fails.",
-		Validate: positive},
+		Doc:      "How long a task keeps reconnecting (with backoff) after losing the broker before it fails (at most a year).",
+		Validate: atMost(maxReconnectMS)},
 	{Name: KeyErrorsTolerance, Type: connect.TypeString, Default: "none", Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 13,
 		Recommended: []string{"none", "all"}, Doc: "none: an undeliverable record fails the task; all: it goes to the dead-letter topic (or is skipped).",
 		Validate: oneOf("none", "all")},
 	{Name: KeyDLQTopic, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 14,
 		Doc: "Dead-letter topic for undeliverable records (with errors.tolerance=all)."},
+}
+
+// Upper bounds: notification buffers are sized by the in-flight window,
+// and a reconnect timeout in milliseconds must fit a time.Duration.
+const (
+	maxInFlightLimit = 65536
+	maxReconnectMS   = 365 * 24 * 3600 * 1000
+)
+
+// atMost accepts positive integers up to limit.
+func atMost(limit int64) func(string) error {
+	return func(v string) error {
+		if err := positive(v); err != nil {
+			return err
+		}
+		if n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64); n > limit {
+			return fmt.Errorf("must be at most %d", limit)
+		}
+		return nil
+	}
 }
 
 func positive(v string) error {
@@ -212,6 +232,16 @@ func validate(cfg connect.Config, withTopics bool) map[string][]string {
 	}
 	if cfg[KeyExchangeType] == "direct" && (strings.Contains(rk, placeholderKey) || strings.Contains(rk, placeholderPartition)) {
 		add(KeyRoutingKey, "with a direct exchange the routing key may only use ${topic}: the queue binding must know the key in advance")
+	}
+	// Each topic has its own queue, bound by the routing key: with several
+	// topics the key must tell them apart, and a fanout exchange, which
+	// ignores keys, would copy every topic's records into every queue.
+	severalTopics := regex != "" || len(strings.Split(topics, ",")) > 1
+	if severalTopics && !strings.Contains(rk, placeholderTopic) && (cfg[KeyExchangeType] == "topic" || cfg[KeyExchangeType] == "direct") {
+		add(KeyRoutingKey, "with several topics (or topics.regex) the routing key must contain ${topic}: each topic's queue is bound by it")
+	}
+	if severalTopics && cfg[KeyExchangeType] == "fanout" {
+		add(KeyExchangeType, "a fanout exchange copies every record into every bound queue: with several topics (or topics.regex) use topic or direct")
 	}
 	for k, v := range errs {
 		if len(v) == 0 {

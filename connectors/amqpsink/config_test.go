@@ -39,6 +39,18 @@ func TestValidate(t *testing.T) {
 		{"bad regex", func(c connect.Config) { delete(c, KeyTopics); c[KeyTopicsRegex] = "a(" }, []string{KeyTopicsRegex}},
 		{"bad cleanup flag", func(c connect.Config) { c[KeyCleanupOnDelete] = "yes" }, []string{KeyCleanupOnDelete}},
 		{"zero in flight", func(c connect.Config) { c[KeyMaxInFlight] = "0" }, []string{KeyMaxInFlight}},
+		{"unbounded in flight", func(c connect.Config) { c[KeyMaxInFlight] = "2147483647" }, []string{KeyMaxInFlight}},
+		{"largest in flight", func(c connect.Config) { c[KeyMaxInFlight] = "65536" }, nil},
+		{"reconnect timeout beyond a Duration", func(c connect.Config) { c[KeyReconnectTimeout] = "9223372036854775807" }, []string{KeyReconnectTimeout}},
+		{"routing key without topic, several topics", func(c connect.Config) { c[KeyRoutingKey] = "events.${key}" }, []string{KeyRoutingKey}},
+		{"routing key without topic, regex", func(c connect.Config) {
+			delete(c, KeyTopics)
+			c[KeyTopicsRegex] = "a.*"
+			c[KeyRoutingKey] = "events"
+		}, []string{KeyRoutingKey}},
+		{"routing key without topic, one topic", func(c connect.Config) { c[KeyTopics] = "a"; c[KeyRoutingKey] = "events" }, nil},
+		{"fanout with several topics", func(c connect.Config) { c[KeyExchangeType] = "fanout" }, []string{KeyExchangeType}},
+		{"fanout with one topic", func(c connect.Config) { c[KeyTopics] = "a"; c[KeyExchangeType] = "fanout" }, nil},
 		{"bad tolerance", func(c connect.Config) { c[KeyErrorsTolerance] = "some" }, []string{KeyErrorsTolerance}},
 		{"several bad keys", func(c connect.Config) {
 			c[KeyURL] = "nope"
