@@ -401,6 +401,57 @@ func TestUnroutableGoesToErrorReporter(t *testing.T) {
 	}
 }
 
+// TestUnpublishableRecordIsReported: a record whose routing key (here
+// from ${key}) exceeds AMQP's 255 bytes cannot be published at all: it is
+// reported like an undeliverable one, instead of making the client drop
+// the connection and every reconnect republish and fail again. The records
+// around it are delivered, once, and the offsets move past it.
+func TestUnpublishableRecordIsReported(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "keyed")
+	cfg[KeyRoutingKey] = "${topic}.${key}"
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".keyed")
+	rep := &reporter{tolerate: true}
+	s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("keyed", 0, 0, "a", "first"), rec("keyed", 0, 1, strings.Repeat("k", 300), "too long"), rec("keyed", 0, 2, "b", "last"))
+	offs := s.flush()
+	if got := rep.got(); len(got) != 1 || got[0].rec.Offset != 1 || !strings.Contains(got[0].err.Error(), KeyRoutingKey) {
+		t.Fatalf("reports = %+v, want the record at offset 1, naming %s", got, KeyRoutingKey)
+	}
+	if tp := (connect.TopicPartition{Topic: "keyed", Partition: 0}); offs[tp] != 3 {
+		t.Errorf("flushed offset %d, want 3", offs[tp])
+	}
+	var bodies []string
+	for _, d := range b.drain(name+".keyed", 2) {
+		bodies = append(bodies, string(d.Body))
+	}
+	if !slices.Equal(bodies, []string{"first", "last"}) {
+		t.Errorf("delivered %v, want [first last] once each", bodies)
+	}
+	if n := b.messages(name + ".keyed"); n != 0 {
+		t.Errorf("%d more messages in the queue: republished", n)
+	}
+}
+
+func TestMessageIDFitsAShortString(t *testing.T) {
+	long := strings.Repeat("t", 249)
+	for _, r := range []connect.SinkRecord{rec("orders", 3, 42, "", ""), rec(long, 2147483647, 9223372036854775807, "", ""), rec(long[:1]+long, 0, 0, "", "")} {
+		id := messageID(r)
+		if len(id) > maxShortString {
+			t.Errorf("message-id of topic %d bytes has %d bytes", len(r.Topic), len(id))
+		}
+		if r.Topic == "orders" && id != "orders-3-42" {
+			t.Errorf("message-id %q, want orders-3-42", id)
+		}
+	}
+	if a, b := messageID(rec(long, 0, 1, "", "")), messageID(rec(long[:248]+"u", 0, 1, "", "")); a == b {
+		t.Errorf("two long topics share message-id %q", a)
+	}
+}
+
 // TestConnectionLoss closes every connection of a vhost of its own while
 // messages are in flight and checks that every record arrived at least once
 // and that no Flush ever reported more than was put.

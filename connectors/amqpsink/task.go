@@ -2,6 +2,8 @@ package amqpsink
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -539,7 +541,7 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 				return fmt.Errorf("provisioning the queue for topic %q: %w", r.Topic, err)
 			}
 		}
-		e := &entry{rec: r, msgID: r.Topic + "-" + strconv.Itoa(int(r.Partition)) + "-" + strconv.FormatInt(r.Offset, 10)}
+		e := &entry{rec: r, msgID: messageID(r)}
 		tp := r.TopicPartition()
 		t.mu.Lock()
 		p := t.parts[tp]
@@ -551,11 +553,49 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 		p.entries = append(p.entries, e)
 		p.next = r.Offset + 1
 		t.mu.Unlock()
+		if reason := t.unpublishable(r); reason != "" {
+			// The client would fail the frame and close the connection:
+			// every reconnect would republish and fail again.
+			t.mu.Lock()
+			e.state, e.err = stateFailed, fmt.Errorf("message %s cannot be published: %s", e.msgID, reason)
+			t.failed = append(t.failed, e)
+			t.mu.Unlock()
+			continue
+		}
 		if err := t.publish(ctx, sess, e); err != nil {
 			t.log.Debug("publish failed; will reconnect", "err", err)
 		}
 	}
 	return t.reportFailed(ctx)
+}
+
+// maxShortString is AMQP 0-9-1's limit for a routing key, a message-id and
+// a header name.
+const maxShortString = 255
+
+// messageID is <topic>-<partition>-<offset>; a topic too long for that to
+// fit a short string is cut and given a hash of its full name.
+func messageID(r connect.SinkRecord) string {
+	suffix := "-" + strconv.Itoa(int(r.Partition)) + "-" + strconv.FormatInt(r.Offset, 10)
+	if len(r.Topic)+len(suffix) <= maxShortString {
+		return r.Topic + suffix
+	}
+	sum := sha256.Sum256([]byte(r.Topic))
+	hash := "~" + hex.EncodeToString(sum[:8])
+	return r.Topic[:maxShortString-len(suffix)-len(hash)] + hash + suffix
+}
+
+// unpublishable says why r cannot be published at all, or "".
+func (t *Task) unpublishable(r connect.SinkRecord) string {
+	if rk := t.s.routingKey(r.Topic, r.Partition, r.Key); len(rk) > maxShortString {
+		return fmt.Sprintf("its routing key (from %s) has %d bytes, more than AMQP's %d", KeyRoutingKey, len(rk), maxShortString)
+	}
+	for _, h := range r.Headers {
+		if len(h.Key) > maxShortString {
+			return fmt.Sprintf("its header %q… has a name of %d bytes, more than AMQP's %d", h.Key[:32], len(h.Key), maxShortString)
+		}
+	}
+	return ""
 }
 
 // interrupted maps a stop or cancellation to a quiet return: nothing
