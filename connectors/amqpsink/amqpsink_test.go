@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/url"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -763,5 +765,44 @@ func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
 	}
 	if left, _ := ledger.List(ctxT(t)); len(left) != 0 {
 		t.Errorf("retried cleanup left %v in the ledger", left)
+	}
+}
+
+// TestPublishRefusedFailsTheTask: a user who may declare the queues but not
+// publish to the exchange gets its channel closed (403) on the first
+// publish. That used to look like a lost connection: reconnect, republish,
+// closed again, without end and without backoff. The task now fails,
+// saying what permission is missing, and publishes nothing more.
+func TestPublishRefusedFailsTheTask(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	vhost, vurl := testVhost(t, u)
+	b := newBroker(t, vurl)
+	cfg := baseConfig(t, vurl, "denied")
+	name := cfg["name"]
+	user := "guest"
+	if pu, err := url.Parse(u); err == nil && pu.User != nil {
+		user = pu.User.Username()
+	}
+	// Write on the queues (binding needs it), not on the exchange.
+	ctl(t, "set_permissions", "-p", vhost, user, ".*", "^"+regexp.QuoteMeta(name)+`\..*`, ".*")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	defer func() { _ = s.stop(true) }()
+
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for off := int64(0); err == nil && time.Now().Before(deadline); off++ {
+		err = s.task.Put(ctxT(t), []connect.SinkRecord{rec("denied", 0, off, "", "x")})
+		if err == nil {
+			_, err = s.task.Flush(ctxT(t))
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "write permission") || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("Put/Flush with publishing refused = %v, want a failure naming the 403 and the write permission", err)
+	}
+	if n := s.task.reconnects; n > 1 {
+		t.Errorf("%d reconnects before failing, want at most 1", n)
+	}
+	if n := b.messages(name + ".denied"); n != 0 {
+		t.Errorf("%d messages arrived although publishing is refused", n)
 	}
 }

@@ -41,6 +41,12 @@ type Task struct {
 	backlog []*entry // unconfirmed entries waiting for a session to publish on
 	// Counters for tests and logs.
 	reconnects, republished int
+	// A reconnect streak: reconnects with no confirm in between, less than
+	// streakGap apart (a broker that closes the channel on every publish).
+	// Its backoff and its reconnect deadline carry over from one reconnect
+	// to the next.
+	streakStart, lastReconnected time.Time
+	streakBackoff                time.Duration
 
 	mu      sync.Mutex // guards what the pump touches: below, and session.pending
 	sess    *session
@@ -52,7 +58,12 @@ type Task struct {
 	// window refills in bursts instead of one wake-up per confirm.
 	wakeAt  int
 	deleted bool
+	// confirmed: a message was confirmed since the last reconnect.
+	confirmed bool
 }
+
+// streakGap: reconnects further apart than this start a new streak.
+const streakGap = 30 * time.Second
 
 type entryState uint8
 
@@ -256,6 +267,7 @@ func (t *Task) resolve(sess *session, c amqp.Confirmation) {
 		reason = "the broker nacked it (it could not store the message)"
 	}
 	if reason == "" {
+		t.confirmed = true
 		e.state = stateConfirmed
 		e.rec = connect.SinkRecord{Offset: e.rec.Offset} // the payload is no longer needed
 		e.part.trimLocked()
@@ -344,12 +356,28 @@ func (t *Task) stopping() bool {
 // timeout passes (an error: the task fails) or the task stops.
 func (t *Task) reconnect(ctx context.Context) error {
 	t.closeSession()
-	deadline := time.Now().Add(t.s.reconnect)
-	backoff := 100 * time.Millisecond
+	t.mu.Lock()
+	progressed := t.confirmed
+	t.confirmed = false
+	t.mu.Unlock()
+	now := time.Now()
+	if progressed || t.streakStart.IsZero() || now.Sub(t.lastReconnected) > streakGap {
+		t.streakStart, t.streakBackoff = now, 0
+	}
+	deadline := t.streakStart.Add(t.s.reconnect)
+	backoff := max(t.streakBackoff, 100*time.Millisecond)
+	if t.streakBackoff > 0 {
+		// The last reconnect made no progress: wait before the next.
+		if err := t.sleep(ctx, backoff); err != nil {
+			return err
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
 	for attempt := 1; ; attempt++ {
 		err := t.connect(ctx)
 		if err == nil {
 			t.reconnects++
+			t.lastReconnected, t.streakBackoff = time.Now(), backoff
 			t.log.Info("reconnected to RabbitMQ", "attempt", attempt)
 			return nil
 		}
@@ -358,20 +386,27 @@ func (t *Task) reconnect(ctx context.Context) error {
 			return errStopping
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("RabbitMQ has been unreachable for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
+			return fmt.Errorf("RabbitMQ has been unreachable, or confirmed nothing, for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
 		}
 		t.log.Warn("reconnecting to RabbitMQ failed; retrying", "attempt", attempt, "backoff", backoff, "err", err)
-		timer := time.NewTimer(backoff)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
-			return errStopping
-		case <-t.stopCh:
-			timer.Stop()
-			return errStopping
+		if err := t.sleep(ctx, backoff); err != nil {
+			return err
 		}
 		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// sleep waits d, or returns errStopping when the task stops or ctx ends.
+func (t *Task) sleep(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return errStopping
+	case <-t.stopCh:
+		return errStopping
 	}
 }
 
@@ -426,6 +461,12 @@ func (t *Task) ensureLive(ctx context.Context) (*session, error) {
 		why = t.sess.closeErr
 	}
 	t.mu.Unlock()
+	var ae *amqp.Error
+	if errors.As(why, &ae) && ae.Code == amqp.AccessRefused {
+		// Reconnecting cannot help: the broker refuses every publish.
+		t.fatal = fmt.Errorf("RabbitMQ refused to publish to exchange %q (%v): grant the user in %s write permission on it: %w", t.s.exchange, why, KeyURL, why)
+		return nil, t.fatal
+	}
 	t.log.Warn("lost the RabbitMQ channel; reconnecting and republishing unconfirmed messages", "err", why)
 	if err := t.reconnect(ctx); err != nil {
 		return nil, err
