@@ -3,6 +3,7 @@ package amqpsink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os/exec"
@@ -804,5 +805,81 @@ func TestPublishRefusedFailsTheTask(t *testing.T) {
 	}
 	if n := b.messages(name + ".denied"); n != 0 {
 		t.Errorf("%d messages arrived although publishing is refused", n)
+	}
+}
+
+// TestRePutDoesNotRepublish: the runtime puts a batch again after a Put
+// that a pause or stop interrupted halfway; the records this instance
+// already took are not published a second time.
+func TestRePutDoesNotRepublish(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "again")
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".again")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("again", 0, 0, "", "m0"), rec("again", 0, 1, "", "m1"))
+	s.put(rec("again", 0, 0, "", "m0"), rec("again", 0, 1, "", "m1"), rec("again", 0, 2, "", "m2"))
+	if offs := s.flush(); offs[connect.TopicPartition{Topic: "again", Partition: 0}] != 3 {
+		t.Errorf("flushed offsets %v, want 3", offs)
+	}
+	var bodies []string
+	for _, d := range b.drain(name+".again", 3) {
+		bodies = append(bodies, string(d.Body))
+	}
+	if !slices.Equal(bodies, []string{"m0", "m1", "m2"}) {
+		t.Errorf("delivered %v, want [m0 m1 m2]", bodies)
+	}
+	if n := b.messages(name + ".again"); n != 0 {
+		t.Errorf("%d more messages: records put again were republished", n)
+	}
+}
+
+// ctxReporter tolerates every record, but, like the runtime's reporter
+// producing to a dead-letter topic, fails when its context is done.
+type ctxReporter struct{ reporter }
+
+func (r *ctxReporter) Report(ctx context.Context, rec connect.SinkRecord, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return r.reporter.Report(ctx, rec, err)
+}
+
+// TestInterruptedReportIsNotFatal: a report cut short because the call was
+// cancelled (a pause cancels Put and Flush) is made again by the next call;
+// it does not fail the task for good.
+func TestInterruptedReportIsNotFatal(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "paused")
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".paused")
+	rep := &ctxReporter{reporter{tolerate: true}}
+	s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("paused", 0, 0, "", "ok"))
+	s.flush()
+	b.deleteQueue(name + ".paused") // the next record comes back unroutable
+	s.put(rec("paused", 0, 1, "", "lost"))
+	deadline := time.Now().Add(30 * time.Second)
+	for !s.task.pendingFailures() {
+		if time.Now().After(deadline) {
+			t.Fatal("the unroutable record never came back")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.task.Flush(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Flush with a cancelled context = %v, want context.Canceled", err)
+	}
+	offs, err := s.task.Flush(ctxT(t))
+	if err != nil {
+		t.Fatalf("Flush after the interrupted report: %v", err)
+	}
+	if tp := (connect.TopicPartition{Topic: "paused", Partition: 0}); offs[tp] != 2 || len(rep.got()) != 1 {
+		t.Errorf("offset %d, reports %d; want 2 and 1", offs[tp], len(rep.got()))
 	}
 }

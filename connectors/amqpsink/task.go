@@ -492,6 +492,10 @@ func (t *Task) reportFailed(ctx context.Context) error {
 			t.mu.Lock()
 			t.failed = append(failed[i:], t.failed...)
 			t.mu.Unlock()
+			if ctx.Err() != nil {
+				// Interrupted (a pause cancels Put): report them next time.
+				return ctx.Err()
+			}
 			t.fatal = fmt.Errorf("delivering to RabbitMQ failed (set %s=all to send such records to the dead-letter topic instead): %w", KeyErrorsTolerance, err)
 			return t.fatal
 		}
@@ -558,6 +562,11 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 		return t.fatal
 	}
 	for _, r := range records {
+		if t.taken(r) {
+			// The runtime puts a batch again after a Put that a pause or
+			// stop interrupted halfway: its first records are published.
+			continue
+		}
 		if err := t.reportFailed(ctx); err != nil {
 			return err
 		}
@@ -608,6 +617,15 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 		}
 	}
 	return t.reportFailed(ctx)
+}
+
+// taken reports whether this instance already accepted r (published,
+// confirmed or reported it).
+func (t *Task) taken(r connect.SinkRecord) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.parts[r.TopicPartition()]
+	return p != nil && r.Offset < p.next
 }
 
 // maxShortString is AMQP 0-9-1's limit for a routing key, a message-id and
