@@ -137,7 +137,13 @@ var configDef = connect.ConfigDef{
 	{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 9,
 		Doc: "Delete the owned bindings, queues and exchange when the connector is deleted; false keeps them."},
 	{Name: KeyContentType, Type: connect.TypeString, Default: "application/octet-stream", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 10,
-		Doc: "content-type property of every message (the record value is copied as is)."},
+		Doc: "content-type property of every message (the record value is copied as is).",
+		Validate: func(v string) error {
+			if len(v) > 255 {
+				return errors.New("AMQP allows at most 255 bytes")
+			}
+			return nil
+		}},
 	{Name: KeyMaxInFlight, Type: connect.TypeInt, Default: "4096", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 11,
 		Doc:      "Messages published but not yet confirmed, per task (at most 65536); Put waits when it is reached. Bounds memory.",
 		Validate: atMost(maxInFlightLimit)},
@@ -236,7 +242,12 @@ func validate(cfg connect.Config, withTopics bool) map[string][]string {
 	// Each topic has its own queue, bound by the routing key: with several
 	// topics the key must tell them apart, and a fanout exchange, which
 	// ignores keys, would copy every topic's records into every queue.
-	severalTopics := regex != "" || len(strings.Split(topics, ",")) > 1
+	queueTmpl := cfg[KeyQueue]
+	if queueTmpl == "" {
+		queueTmpl = placeholderTopic
+	}
+	// One queue for all topics (a template without ${topic}) wants them all.
+	severalTopics := (regex != "" || len(connect.SplitList(topics)) > 1) && strings.Contains(queueTmpl, placeholderTopic)
 	if severalTopics && !strings.Contains(rk, placeholderTopic) && (cfg[KeyExchangeType] == "topic" || cfg[KeyExchangeType] == "direct") {
 		add(KeyRoutingKey, "with several topics (or topics.regex) the routing key must contain ${topic}: each topic's queue is bound by it")
 	}

@@ -51,6 +51,10 @@ func TestValidate(t *testing.T) {
 		{"routing key without topic, one topic", func(c connect.Config) { c[KeyTopics] = "a"; c[KeyRoutingKey] = "events" }, nil},
 		{"fanout with several topics", func(c connect.Config) { c[KeyExchangeType] = "fanout" }, []string{KeyExchangeType}},
 		{"fanout with one topic", func(c connect.Config) { c[KeyTopics] = "a"; c[KeyExchangeType] = "fanout" }, nil},
+		{"fanout into one shared queue", func(c connect.Config) { c[KeyQueue] = "events"; c[KeyExchangeType] = "fanout" }, nil},
+		{"literal routing key into one shared queue", func(c connect.Config) { c[KeyQueue] = "events"; c[KeyRoutingKey] = "events" }, nil},
+		{"one topic with a trailing comma", func(c connect.Config) { c[KeyTopics] = "a,"; c[KeyRoutingKey] = "events" }, nil},
+		{"content type over 255 bytes", func(c connect.Config) { c[KeyContentType] = strings.Repeat("x", 256) }, []string{KeyContentType}},
 		{"bad tolerance", func(c connect.Config) { c[KeyErrorsTolerance] = "some" }, []string{KeyErrorsTolerance}},
 		{"several bad keys", func(c connect.Config) {
 			c[KeyURL] = "nope"

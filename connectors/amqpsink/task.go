@@ -41,12 +41,10 @@ type Task struct {
 	backlog []*entry // unconfirmed entries waiting for a session to publish on
 	// Counters for tests and logs.
 	reconnects, republished int
-	// A reconnect streak: reconnects with no confirm in between, less than
-	// streakGap apart (a broker that closes the channel on every publish).
-	// Its backoff and its reconnect deadline carry over from one reconnect
-	// to the next.
-	streakStart, lastReconnected time.Time
-	streakBackoff                time.Duration
+	// resume holds, per partition, the next offset an interrupted Put had
+	// taken: the runtime puts the same batch again, and those records must
+	// not be published twice. Cleared by the next Put that completes.
+	resume map[connect.TopicPartition]int64
 
 	mu      sync.Mutex // guards what the pump touches: below, and session.pending
 	sess    *session
@@ -58,12 +56,7 @@ type Task struct {
 	// window refills in bursts instead of one wake-up per confirm.
 	wakeAt  int
 	deleted bool
-	// confirmed: a message was confirmed since the last reconnect.
-	confirmed bool
 }
-
-// streakGap: reconnects further apart than this start a new streak.
-const streakGap = 30 * time.Second
 
 type entryState uint8
 
@@ -267,7 +260,6 @@ func (t *Task) resolve(sess *session, c amqp.Confirmation) {
 		reason = "the broker nacked it (it could not store the message)"
 	}
 	if reason == "" {
-		t.confirmed = true
 		e.state = stateConfirmed
 		e.rec = connect.SinkRecord{Offset: e.rec.Offset} // the payload is no longer needed
 		e.part.trimLocked()
@@ -355,38 +347,26 @@ func (t *Task) stopping() bool {
 // republish with capped exponential backoff until it works, the reconnect
 // timeout passes (an error: the task fails) or the task stops.
 func (t *Task) reconnect(ctx context.Context) error {
-	t.closeSession()
-	t.mu.Lock()
-	progressed := t.confirmed
-	t.confirmed = false
-	t.mu.Unlock()
-	now := time.Now()
-	if progressed || t.streakStart.IsZero() || now.Sub(t.lastReconnected) > streakGap {
-		t.streakStart, t.streakBackoff = now, 0
+	if err := t.closeSession(); err != nil {
+		return err
 	}
-	deadline := t.streakStart.Add(t.s.reconnect)
-	backoff := max(t.streakBackoff, 100*time.Millisecond)
-	if t.streakBackoff > 0 {
-		// The last reconnect made no progress: wait before the next.
-		if err := t.sleep(ctx, backoff); err != nil {
-			return err
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	deadline := time.Now().Add(t.s.reconnect)
+	backoff := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := t.connect(ctx)
 		if err == nil {
 			t.reconnects++
-			t.lastReconnected, t.streakBackoff = time.Now(), backoff
 			t.log.Info("reconnected to RabbitMQ", "attempt", attempt)
 			return nil
 		}
-		t.closeSession()
+		if refused := t.closeSession(); refused != nil {
+			return refused
+		}
 		if ctx.Err() != nil || t.stopping() {
 			return errStopping
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("RabbitMQ has been unreachable, or confirmed nothing, for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
+			return fmt.Errorf("RabbitMQ has been unreachable for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
 		}
 		t.log.Warn("reconnecting to RabbitMQ failed; retrying", "attempt", attempt, "backoff", backoff, "err", err)
 		if err := t.sleep(ctx, backoff); err != nil {
@@ -412,17 +392,22 @@ func (t *Task) sleep(ctx context.Context, d time.Duration) error {
 
 // closeSession closes the connection, waits for the pump and moves the
 // unconfirmed messages to the backlog, oldest first.
-func (t *Task) closeSession() {
+// closeSession closes the session and requeues its unconfirmed entries. It
+// returns the task's fatal error when the broker had closed the channel
+// because it refuses publishing (403): reconnecting cannot help, and every
+// republish would be refused again.
+func (t *Task) closeSession() error {
 	t.mu.Lock()
 	sess := t.sess
 	t.sess = nil
 	t.mu.Unlock()
 	if sess == nil {
-		return
+		return nil
 	}
 	_ = sess.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	<-sess.done
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	tags := slices.Sorted(maps.Keys(sess.pending))
 	requeue := make([]*entry, 0, len(tags)+len(t.backlog))
 	for _, tag := range tags {
@@ -431,7 +416,12 @@ func (t *Task) closeSession() {
 	clear(sess.pending)
 	// Entries that failed to publish are newer than every pending one.
 	t.backlog = append(requeue, t.backlog...)
-	t.mu.Unlock()
+	var ae *amqp.Error
+	if errors.As(sess.closeErr, &ae) && ae.Code == amqp.AccessRefused {
+		t.fatal = fmt.Errorf("RabbitMQ refused a publish to exchange %q: grant the user in %s write permission on it (and on the routing keys, where topic permissions apply): %w", t.s.exchange, KeyURL, sess.closeErr)
+		return t.fatal
+	}
+	return nil
 }
 
 // live returns the current session if its channel is still open.
@@ -461,12 +451,6 @@ func (t *Task) ensureLive(ctx context.Context) (*session, error) {
 		why = t.sess.closeErr
 	}
 	t.mu.Unlock()
-	var ae *amqp.Error
-	if errors.As(why, &ae) && ae.Code == amqp.AccessRefused {
-		// Reconnecting cannot help: the broker refuses every publish.
-		t.fatal = fmt.Errorf("RabbitMQ refused to publish to exchange %q (%v): grant the user in %s write permission on it: %w", t.s.exchange, why, KeyURL, why)
-		return nil, t.fatal
-	}
 	t.log.Warn("lost the RabbitMQ channel; reconnecting and republishing unconfirmed messages", "err", why)
 	if err := t.reconnect(ctx); err != nil {
 		return nil, err
@@ -492,8 +476,9 @@ func (t *Task) reportFailed(ctx context.Context) error {
 			t.mu.Lock()
 			t.failed = append(failed[i:], t.failed...)
 			t.mu.Unlock()
-			if ctx.Err() != nil {
+			if errors.Is(ctx.Err(), context.Canceled) {
 				// Interrupted (a pause cancels Put): report them next time.
+				// A deadline that passed is a failure like any other.
 				return ctx.Err()
 			}
 			t.fatal = fmt.Errorf("delivering to RabbitMQ failed (set %s=all to send such records to the dead-letter topic instead): %w", KeyErrorsTolerance, err)
@@ -557,10 +542,27 @@ func (t *Task) waitStop(ctx context.Context, sess *session, wakeAt int, stop <-c
 	}
 }
 
-func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
+func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error) {
 	if t.fatal != nil {
 		return t.fatal
 	}
+	defer func() {
+		if err == nil || t.fatal != nil {
+			t.resume = nil
+			return
+		}
+		// Interrupted: the runtime puts the batch again.
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.resume == nil {
+			t.resume = map[connect.TopicPartition]int64{}
+		}
+		for _, r := range records {
+			if p := t.parts[r.TopicPartition()]; p != nil {
+				t.resume[r.TopicPartition()] = p.next
+			}
+		}
+	}()
 	for _, r := range records {
 		if t.taken(r) {
 			// The runtime puts a batch again after a Put that a pause or
@@ -619,13 +621,12 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) error {
 	return t.reportFailed(ctx)
 }
 
-// taken reports whether this instance already accepted r (published,
-// confirmed or reported it).
+// taken reports whether an interrupted Put of this instance already took r
+// (published, confirmed or reported it). Only that Put's records count: a
+// lower offset otherwise means the consumer went back, and is delivered.
 func (t *Task) taken(r connect.SinkRecord) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	p := t.parts[r.TopicPartition()]
-	return p != nil && r.Offset < p.next
+	next, ok := t.resume[r.TopicPartition()]
+	return ok && r.Offset < next
 }
 
 // maxShortString is AMQP 0-9-1's limit for a routing key, a message-id and
@@ -676,6 +677,9 @@ func (t *Task) waitWindow(ctx context.Context) (*session, error) {
 		sess, err := t.ensureLive(ctx)
 		if err != nil {
 			return nil, err
+		}
+		if sess == nil {
+			continue // the new channel closed at once: reconnect again
 		}
 		if t.inflight() < t.s.maxInFlight {
 			return sess, nil
@@ -767,6 +771,7 @@ func (t *Task) Close(_ context.Context, partitions []connect.TopicPartition) err
 	defer t.mu.Unlock()
 	for _, tp := range partitions {
 		delete(t.parts, tp)
+		delete(t.resume, tp)
 	}
 	return nil
 }
@@ -785,6 +790,6 @@ func (t *Task) Stop(connectorDeleted bool) {
 // Stopped closes the channel and the connection. A task drops nothing: the
 // connector's Stopped deletes the owned resources after every task stopped.
 func (t *Task) Stopped(context.Context) error {
-	t.closeSession()
+	_ = t.closeSession()
 	return nil
 }
