@@ -405,27 +405,32 @@ func TestUnroutableGoesToErrorReporter(t *testing.T) {
 }
 
 // TestUnpublishableRecordIsReported: a record whose routing key (here
-// from ${key}) exceeds AMQP's 255 bytes cannot be published at all: it is
-// reported like an undeliverable one, instead of making the client drop
-// the connection and every reconnect republish and fail again. The records
-// around it are delivered, once, and the offsets move past it.
+// from ${key}) exceeds AMQP's 255 bytes, or whose value exceeds the
+// broker's max_message_size, cannot be published at all: it is reported
+// like an undeliverable one, instead of making the client (or the broker)
+// drop the channel and every reconnect republish and fail again. The
+// records around them are delivered, once, and the offsets move past them.
 func TestUnpublishableRecordIsReported(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
 	b := newBroker(t, u)
 	cfg := baseConfig(t, u, "keyed")
 	cfg[KeyRoutingKey] = "${topic}.${key}"
+	cfg[KeyMaxMessageBytes] = "100"
 	name := cfg["name"]
 	cleanupByName(t, b, name, name+".keyed")
 	rep := &reporter{tolerate: true}
 	s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
 	defer func() { _ = s.stop(true) }()
-	s.put(rec("keyed", 0, 0, "a", "first"), rec("keyed", 0, 1, strings.Repeat("k", 300), "too long"), rec("keyed", 0, 2, "b", "last"))
+	s.put(rec("keyed", 0, 0, "a", "first"), rec("keyed", 0, 1, strings.Repeat("k", 300), "too long"),
+		rec("keyed", 0, 2, "c", strings.Repeat("v", 101)), rec("keyed", 0, 3, "b", "last"))
 	offs := s.flush()
-	if got := rep.got(); len(got) != 1 || got[0].rec.Offset != 1 || !strings.Contains(got[0].err.Error(), KeyRoutingKey) {
-		t.Fatalf("reports = %+v, want the record at offset 1, naming %s", got, KeyRoutingKey)
+	got := rep.got()
+	if len(got) != 2 || got[0].rec.Offset != 1 || !strings.Contains(got[0].err.Error(), KeyRoutingKey) ||
+		got[1].rec.Offset != 2 || !strings.Contains(got[1].err.Error(), KeyMaxMessageBytes) {
+		t.Fatalf("reports = %+v, want offset 1 naming %s and offset 2 naming %s", got, KeyRoutingKey, KeyMaxMessageBytes)
 	}
-	if tp := (connect.TopicPartition{Topic: "keyed", Partition: 0}); offs[tp] != 3 {
-		t.Errorf("flushed offset %d, want 3", offs[tp])
+	if tp := (connect.TopicPartition{Topic: "keyed", Partition: 0}); offs[tp] != 4 {
+		t.Errorf("flushed offset %d, want 4", offs[tp])
 	}
 	var bodies []string
 	for _, d := range b.drain(name+".keyed", 2) {

@@ -29,6 +29,7 @@ const (
 	KeyContentType      = "rabbitmq.content.type"
 	KeyMaxInFlight      = "rabbitmq.max.in.flight"
 	KeyReconnectTimeout = "rabbitmq.reconnect.timeout.ms"
+	KeyMaxMessageBytes  = "rabbitmq.max.message.bytes"
 	KeyErrorsTolerance  = "errors.tolerance"
 	KeyDLQTopic         = "errors.deadletterqueue.topic.name"
 )
@@ -150,6 +151,9 @@ var configDef = connect.ConfigDef{
 	{Name: KeyReconnectTimeout, Type: connect.TypeLong, Default: "300000", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 12,
 		Doc:      "How long a task keeps reconnecting (with backoff) after losing the broker before it fails (at most a year).",
 		Validate: atMost(maxReconnectMS)},
+	{Name: KeyMaxMessageBytes, Type: connect.TypeLong, Default: "134217728", Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 15,
+		Doc:      "The broker's max_message_size (RabbitMQ's default: 128 MiB; at most 512 MiB): a larger record value is reported under errors.tolerance instead of published, because the broker would close the channel on it and every reconnect would republish it.",
+		Validate: atMost(512 << 20)},
 	{Name: KeyErrorsTolerance, Type: connect.TypeString, Default: "none", Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 13,
 		Recommended: []string{"none", "all"}, Doc: "none: an undeliverable record fails the task; all: it goes to the dead-letter topic (or is skipped).",
 		Validate: oneOf("none", "all")},
@@ -211,6 +215,7 @@ type settings struct {
 	cleanup      bool
 	contentType  string
 	maxInFlight  int
+	maxMessage   int
 	reconnect    time.Duration
 }
 
@@ -311,6 +316,9 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 		return nil, err
 	}
 	if s.maxInFlight, err = cfg.Int(KeyMaxInFlight, 4096); err != nil {
+		return nil, err
+	}
+	if s.maxMessage, err = cfg.Int(KeyMaxMessageBytes, 134217728); err != nil {
 		return nil, err
 	}
 	ms, err := strconv.ParseInt(cfg[KeyReconnectTimeout], 10, 64)

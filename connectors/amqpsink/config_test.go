@@ -54,6 +54,7 @@ func TestValidate(t *testing.T) {
 		{"fanout into one shared queue", func(c connect.Config) { c[KeyQueue] = "events"; c[KeyExchangeType] = "fanout" }, nil},
 		{"literal routing key into one shared queue", func(c connect.Config) { c[KeyQueue] = "events"; c[KeyRoutingKey] = "events" }, nil},
 		{"one topic with a trailing comma", func(c connect.Config) { c[KeyTopics] = "a,"; c[KeyRoutingKey] = "events" }, nil},
+		{"max message bytes over RabbitMQ's limit", func(c connect.Config) { c[KeyMaxMessageBytes] = "536870913" }, []string{KeyMaxMessageBytes}},
 		{"content type over 255 bytes", func(c connect.Config) { c[KeyContentType] = strings.Repeat("x", 256) }, []string{KeyContentType}},
 		{"bad tolerance", func(c connect.Config) { c[KeyErrorsTolerance] = "some" }, []string{KeyErrorsTolerance}},
 		{"several bad keys", func(c connect.Config) {

@@ -647,6 +647,9 @@ func messageID(r connect.SinkRecord) string {
 
 // unpublishable says why r cannot be published at all, or "".
 func (t *Task) unpublishable(r connect.SinkRecord) string {
+	if len(r.Value) > t.s.maxMessage {
+		return fmt.Sprintf("its value has %d bytes, more than %s=%d (the broker's max_message_size)", len(r.Value), KeyMaxMessageBytes, t.s.maxMessage)
+	}
 	if rk := t.s.routingKey(r.Topic, r.Partition, r.Key); len(rk) > maxShortString {
 		return fmt.Sprintf("its routing key (from %s) has %d bytes, more than AMQP's %d", KeyRoutingKey, len(rk), maxShortString)
 	}
