@@ -64,6 +64,24 @@ func intAtLeast(min int64) func(string) error {
 	}
 }
 
+// maxDurationMS is the largest millisecond setting taken as a duration: a
+// year. Larger values (Long.MAX is a common way to say "never") would
+// overflow time.Duration and turn negative.
+const maxDurationMS = 365 * 24 * 3600 * 1000
+
+// msBetween accepts milliseconds from min to maxDurationMS.
+func msBetween(min int64) func(string) error {
+	return func(v string) error {
+		if err := intAtLeast(min)(v); err != nil {
+			return err
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil && n > maxDurationMS {
+			return fmt.Errorf("must be at most %d (a year)", int64(maxDurationMS))
+		}
+		return nil
+	}
+}
+
 func partitionsValue(v string) error {
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
 	if err == nil && (n == 0 || n < -1) {
@@ -132,9 +150,9 @@ func CommonConfigDef(t connect.ConnectorType) connect.ConfigDef {
 		{Name: KeyHeaderConverter, Type: connect.TypeClass, Group: gCommon, Order: 6, Importance: connect.ImportanceLow, Width: connect.WidthShort, DisplayName: "Header converter class",
 			Doc: "Accepted for compatibility; headers are passed through as bytes.", Validate: validateConverter},
 		{Name: KeyOffsetFlushInterval, Type: connect.TypeLong, Default: "60000", Group: gCommon, Order: 7, Importance: connect.ImportanceLow, Width: connect.WidthShort, DisplayName: "Offset flush interval (ms)",
-			Doc: "How often acknowledged source offsets are written to the offset store, and how often a sink task is flushed and its consumer offsets committed. Offsets are also written once more when a task stops.", Validate: intAtLeast(1)},
+			Doc: "How often acknowledged source offsets are written to the offset store, and how often a sink task is flushed and its consumer offsets committed. Offsets are also written once more when a task stops. At most a year.", Validate: msBetween(1)},
 		{Name: KeyGracefulTimeout, Type: connect.TypeLong, Group: gCommon, Order: 8, Importance: connect.ImportanceLow, Width: connect.WidthShort, DisplayName: "Task graceful shutdown timeout (ms)",
-			Doc: "How long a stopping task may take to return from Poll or Put. A task that takes longer is reported as abandoned; its Stopped still runs when it returns. Default: the worker's setting (5000).", Validate: intAtLeast(0)},
+			Doc: "How long a stopping task may take to return from Poll or Put. A task that takes longer is reported as abandoned; its Stopped still runs when it returns. Default: the worker's setting (5000). At most a year.", Validate: msBetween(0)},
 		{Name: KeyErrorsTolerance, Type: connect.TypeString, Default: "none", Group: gErrors, Order: 1, Importance: connect.ImportanceMedium, Width: connect.WidthShort, DisplayName: "Error tolerance",
 			Doc: "none: a record the sink task reports as errant fails the task. all: errant records are skipped (and sent to the dead letter queue topic if one is set).", Recommended: []string{"none", "all"},
 			Validate: func(v string) error {

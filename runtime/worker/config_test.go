@@ -38,6 +38,8 @@ func TestValidateCommon(t *testing.T) {
 		{"passthrough converters", connect.TypeSource, base(KeyKeyConverter, "org.apache.kafka.connect.storage.StringConverter", KeyValueConverter, "org.apache.kafka.connect.converters.ByteArrayConverter"), nil},
 		{"topic creation", connect.TypeSource, base(KeyTopicCreationPartition, "0", KeyTopicCreationRF, "-2"), []string{KeyTopicCreationPartition, KeyTopicCreationRF}},
 		{"topic creation broker defaults", connect.TypeSource, base(KeyTopicCreationPartition, "-1", KeyTopicCreationRF, "-1"), nil},
+		{"durations beyond a year (Long.MAX)", connect.TypeSource, base(KeyOffsetFlushInterval, "9223372036854775807", KeyGracefulTimeout, "9223372036854775807"), []string{KeyOffsetFlushInterval, KeyGracefulTimeout}},
+		{"durations of a year", connect.TypeSource, base(KeyOffsetFlushInterval, "31536000000", KeyGracefulTimeout, "31536000000"), nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,5 +102,18 @@ func TestParseSettingsDefaults(t *testing.T) {
 	}
 	if s.grace != 250*time.Millisecond || s.flushInterval != time.Second || s.createPartitions != 6 || s.createReplication != 1 {
 		t.Errorf("parsed %+v", s)
+	}
+}
+
+// TestSettingsRefuseOverflowingDurations: a config stored before the
+// bounds existed (or written to the store by hand) fails the connector's
+// start naming the keys; it used to overflow into a negative duration, and
+// a negative ticker interval panicked the process on every boot.
+func TestSettingsRefuseOverflowingDurations(t *testing.T) {
+	w := &Worker{flushInterval: time.Minute, grace: 5 * time.Second}
+	_, err := w.parseSettings(connect.TypeSource, connect.Config{KeyName: "c", KeyConnectorClass: "x",
+		KeyOffsetFlushInterval: "9223372036854775807", KeyGracefulTimeout: "9223372036854775807"})
+	if err == nil || !strings.Contains(err.Error(), KeyOffsetFlushInterval) || !strings.Contains(err.Error(), KeyGracefulTimeout) {
+		t.Fatalf("parseSettings = %v, want an error naming both keys", err)
 	}
 }
