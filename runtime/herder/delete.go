@@ -28,6 +28,11 @@ func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
 	h.interruptStart(name)
 	c, err := h.lookup(ctx, name)
 	if err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrNotFound) {
+			// Another operation held the connector all along: the deletion
+			// did not begin, and nothing will carry it on.
+			return fmt.Errorf("%w: another operation on connector %s is still running, so its deletion did not start; retry DELETE: %w", ErrRebalance, name, err)
+		}
 		return err
 	}
 	h.mu.Lock()

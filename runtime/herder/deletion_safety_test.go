@@ -709,3 +709,36 @@ func TestHeldBackStartYieldsToAnInterruptingOperation(t *testing.T) {
 		t.Errorf("connector status after the stop = %+v %v, want STOPPED", st, err)
 	}
 }
+
+// TestDeleteThatCannotStartSaysSo: a DELETE whose context ends while another
+// operation still holds the connector did not begin: it answers
+// ErrRebalance (409 "retry"), not "it carries on", and the connector is
+// untouched: no deletion intent, still running.
+func TestDeleteThatCannotStartSaysSo(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	name := testenv.Unique("busy-")
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	hs.awaitRunning(name, 1)
+	c := hs.h.get(name)
+	if err := c.lock(ctx); err != nil { // another operation holds it
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err := hs.h.DeleteConnector(short, name)
+	cancel()
+	c.unlock()
+	if !errors.Is(err, ErrRebalance) || !strings.Contains(err.Error(), "did not start") {
+		t.Fatalf("DELETE while the connector is held = %v, want ErrRebalance saying the deletion did not start", err)
+	}
+	if hs.h.deletionOf(c) != nil {
+		t.Error("a deletion intent was recorded")
+	}
+	st, err := hs.h.ConnectorStatus(ctx, name)
+	if err != nil || st.Connector.State != "RUNNING" {
+		t.Errorf("status after the refused DELETE = %+v %v, want RUNNING", st, err)
+	}
+}

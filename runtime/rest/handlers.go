@@ -191,7 +191,7 @@ func (s *server) deleteConnector(w http.ResponseWriter, r *http.Request) error {
 	err := s.api.DeleteConnector(ctx, name)
 	if err != nil {
 		var de *herder.DeletionError
-		if !errors.As(err, &de) && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
+		if !errors.As(err, &de) && !errors.Is(err, herder.ErrRebalance) && errors.Is(err, context.DeadlineExceeded) && r.Context().Err() == nil {
 			return &httpError{status: http.StatusInternalServerError, msg: fmt.Sprintf(
 				"deletion of connector %s did not finish within %s; it carries on: GET /connectors/%s/status shows its progress in the deletion field; retry DELETE to wait again",
 				name, s.deleteTimeout, name)}

@@ -366,6 +366,21 @@ func TestDeleteTimeout(t *testing.T) {
 	}
 }
 
+// A DELETE that could not even begin (another operation held the connector
+// until the timeout) is a 409 to retry, not a deletion that "carries on".
+func TestDeleteThatDidNotStart(t *testing.T) {
+	f := newFakeHerder()
+	setup(f)
+	f.errs["DeleteConnector"] = fmt.Errorf("%w: another operation on connector src is still running, so its deletion did not start; retry DELETE: %w", herder.ErrRebalance, context.DeadlineExceeded)
+	h := newFakeHarness(t, f, rest.WithDeleteTimeout(50*time.Millisecond))
+	res := h.do("DELETE", "/connectors/src", "", "")
+	var e struct{ Message string }
+	res.json(t, &e)
+	if res.Status != http.StatusConflict || !strings.Contains(e.Message, "did not start") || strings.Contains(e.Message, "carries on") {
+		t.Fatalf("DELETE = %d %q, want 409 saying the deletion did not start", res.Status, e.Message)
+	}
+}
+
 // Over a real HTTP server: bodiless requests with a JSON content type and
 // Content-Length 0, HEAD, and a keep-alive connection reused after errors.
 func TestOverHTTP(t *testing.T) {
