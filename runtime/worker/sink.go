@@ -34,6 +34,10 @@ type sinkLoop struct {
 	mu        sync.Mutex
 	assigned  map[connect.TopicPartition]bool
 	committed map[connect.TopicPartition]int64
+	// taken is, per partition, one past the highest offset a Put accepted:
+	// Flush may not commit beyond it (as Kafka Connect ignores offsets not
+	// yet consumed), or records nobody took would be skipped.
+	taken map[connect.TopicPartition]int64
 	pending   []connect.SinkRecord // fetched but not yet accepted by Put
 	asyncErr  error                // from Open in a callback: fails the task
 	gone      atomic.Bool          // finish gave up waiting for the close: callbacks leave the task alone
@@ -51,7 +55,7 @@ func groupID(connector string) string { return "connect-" + connector }
 func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) {
 	s := &sinkLoop{
 		t: t, task: task,
-		assigned: map[connect.TopicPartition]bool{}, committed: map[connect.TopicPartition]int64{},
+		assigned: map[connect.TopicPartition]bool{}, committed: map[connect.TopicPartition]int64{}, taken: map[connect.TopicPartition]int64{},
 		known: map[string]bool{},
 	}
 	s.aware, _ = task.(connect.PartitionAware)
@@ -192,6 +196,11 @@ func (s *sinkLoop) put() error {
 		}
 		return fmt.Errorf("Put: %w", err)
 	}
+	for _, r := range s.pending {
+		if tp := r.TopicPartition(); r.Offset+1 > s.taken[tp] {
+			s.taken[tp] = r.Offset + 1
+		}
+	}
 	clear(s.pending)
 	s.pending = s.pending[:0]
 	return nil
@@ -217,6 +226,10 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 	commit := map[string]map[int32]kgo.EpochOffset{}
 	var tps []connect.TopicPartition
 	for tp, off := range offs {
+		if off > s.taken[tp] {
+			t.log.Warn("the task's Flush returned an offset past the records it was given; committing only those", "topic", tp.Topic, "partition", tp.Partition, "offset", off, "given_up_to", s.taken[tp])
+			off = s.taken[tp]
+		}
 		if !s.assigned[tp] || (only != nil && !only[tp]) || off <= s.committed[tp] {
 			continue
 		}
@@ -336,6 +349,7 @@ func (s *sinkLoop) onRevoked(_ context.Context, _ *kgo.Client, m map[string][]in
 	for _, tp := range tps {
 		delete(s.assigned, tp)
 		delete(s.committed, tp)
+		delete(s.taken, tp)
 	}
 	// The new owner fetches them again from the committed offset.
 	s.pending = slices.DeleteFunc(s.pending, func(r connect.SinkRecord) bool { return revoked[r.TopicPartition()] })

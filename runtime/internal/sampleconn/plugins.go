@@ -35,6 +35,7 @@ const (
 	KeyResources    = "sample.resources"     // fake resources owned at Start (list)
 	KeyFailStopped  = "sample.fail.stopped"  // Stopped returns an error (resources kept)
 	KeyFlushUpTo    = "sample.flush.upto"    // sink: Flush reports offsets below this one only; -1 = all
+	KeyFlushAhead   = "sample.flush.ahead"   // sink: Flush reports this much past what it was given (a buggy task)
 	KeyErrant       = "sample.errant.value"  // sink: records with this value go to Host.Errors.Report
 	KeyBlockFlush   = "sample.block.flush"   // sink: Flush after Stop blocks until the test releases it (ignores ctx)
 	KeyFailOpen     = "sample.fail.open"     // sink: PartitionAware.Open returns an error
@@ -112,6 +113,7 @@ func SourceConfigDef() connect.ConfigDef {
 func SinkConfigDef() connect.ConfigDef {
 	return append(connect.ConfigDef{
 		{Name: KeyFlushUpTo, Type: connect.TypeLong, Default: "-1", Doc: "Flush reports offsets only below this one (per partition); -1 for everything put.", Importance: connect.ImportanceLow, Validate: atLeast(-1)},
+		{Name: KeyFlushAhead, Type: connect.TypeLong, Default: "0", Doc: "Flush reports offsets this far past what was put (a buggy task, for tests).", Importance: connect.ImportanceLow, Validate: atLeast(0)},
 		{Name: KeyBlockFlush, Type: connect.TypeBoolean, Default: "false", Doc: "A Flush after Stop blocks, ignoring its context, until the test releases it (a slow final flush).", Importance: connect.ImportanceLow},
 		{Name: KeyFailOpen, Type: connect.TypeBoolean, Default: "false", Doc: "PartitionAware.Open returns an error (limited by sample.fail.task).", Importance: connect.ImportanceLow},
 		{Name: KeyErrant, Type: connect.TypeString, Doc: "Records with exactly this value are reported as errant (Host.Errors) instead of stored.", Importance: connect.ImportanceLow},

@@ -166,6 +166,7 @@ type SinkTask struct {
 	baseTask
 	errant     []byte
 	upTo       int64
+	ahead      int64
 	have       map[connect.TopicPartition]int64
 	blockFlush bool
 	failOpen   bool
@@ -179,6 +180,8 @@ func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
 	cfg = def.WithDefaults(cfg)
 	u, _ := cfg.Int(KeyFlushUpTo, -1)
 	t.upTo = int64(u)
+	a, _ := cfg.Int(KeyFlushAhead, 0)
+	t.ahead = int64(a)
 	t.blockFlush, _ = cfg.Bool(KeyBlockFlush, false)
 	t.failOpen, _ = cfg.Bool(KeyFailOpen, false)
 	if v, ok := cfg[KeyErrant]; ok && v != "" {
@@ -237,7 +240,7 @@ func (t *SinkTask) Flush(context.Context) (map[connect.TopicPartition]int64, err
 			next = t.upTo
 		}
 		if next > 0 {
-			out[tp] = next
+			out[tp] = next + t.ahead
 		}
 	}
 	t.rec.record(t.instance, "Flush", nil)
