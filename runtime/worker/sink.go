@@ -37,12 +37,12 @@ type sinkLoop struct {
 	// taken is, per partition, one past the highest offset a Put accepted:
 	// Flush may not commit beyond it (as Kafka Connect ignores offsets not
 	// yet consumed), or records nobody took would be skipped.
-	taken map[connect.TopicPartition]int64
-	pending   []connect.SinkRecord // fetched but not yet accepted by Put
-	asyncErr  error                // from Open in a callback: fails the task
-	gone      atomic.Bool          // finish gave up waiting for the close: callbacks leave the task alone
-	noFlush   bool                 // failed or finished: callbacks only Close
-	known     map[string]bool
+	taken    map[connect.TopicPartition]int64
+	pending  []connect.SinkRecord // fetched but not yet accepted by Put
+	asyncErr error                // from Open in a callback: fails the task
+	gone     atomic.Bool          // finish gave up waiting for the close: callbacks leave the task alone
+	noFlush  bool                 // failed or finished: callbacks only Close
+	known    map[string]bool
 }
 
 // sinkSessionTimeout is the sink consumers' group session timeout
