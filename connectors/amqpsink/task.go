@@ -391,9 +391,7 @@ func (t *Task) sleep(ctx context.Context, d time.Duration) error {
 }
 
 // closeSession closes the connection, waits for the pump and moves the
-// unconfirmed messages to the backlog, oldest first.
-// closeSession closes the session and requeues its unconfirmed entries. It
-// returns the task's fatal error when the broker had closed the channel
+// unconfirmed messages to the backlog, oldest first. It returns the task's fatal error when the broker had closed the channel
 // because it refuses publishing (403): reconnecting cannot help, and every
 // republish would be refused again.
 func (t *Task) closeSession() error {

@@ -385,7 +385,9 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+narrowed+` (id int PRIMARY KEY, name varchar(10))`)
 	mustExec(t, db, `CREATE TABLE `+added+` (x int, id int PRIMARY KEY, v text)`)
 	mustExec(t, db, `ALTER TABLE `+added+` DROP COLUMN x`) // long before the changes
-	r := startConnector(t, baseConfig(testenv.Unique("ddl2-"), url, auditSchemaFor(t, db), s+".dropped", s+".narrowed", s+".added"), connect.NewMemoryLedger())
+	retyped := qualified(s, "retyped")
+	mustExec(t, db, `CREATE TABLE `+retyped+` (a int, id int PRIMARY KEY, v text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("ddl2-"), url, auditSchemaFor(t, db), s+".dropped", s+".narrowed", s+".added", s+".retyped"), connect.NewMemoryLedger())
 	defer func() { _ = r.stop(true) }()
 
 	mustExec(t, db, `INSERT INTO `+dropped+` VALUES (1, 'A', 'B')`)
@@ -395,14 +397,17 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 	mustExec(t, db, `ALTER TABLE `+narrowed+` ALTER COLUMN name TYPE varchar(5)`)
 	mustExec(t, db, `INSERT INTO `+added+` VALUES (1, 'v')`)
 	mustExec(t, db, `ALTER TABLE `+added+` ADD COLUMN w text`)
+	mustExec(t, db, `INSERT INTO `+retyped+` VALUES (7, 1, 'v')`)
+	mustExec(t, db, `ALTER TABLE `+retyped+` ALTER COLUMN a TYPE bigint`) // before the key
 
-	got := r.collect(4, true)
+	got := r.collect(5, true)
 	r.quiet()
 	want := []string{
 		`dropped c map[_column_2:A _column_3:B id:1]`, // not b:A
 		`narrowed c map[id:1 name:abcdefghij]`,
 		`narrowed d map[id:1 name:abcdefghij]`,
 		`added c map[id:1 v:v] key map[id:1]`,
+		`retyped c map[_column_1:7 id:1 v:v] key map[id:1]`, // a's type changed; the rest keep their names
 	}
 	for i, c := range got {
 		img := c.After
@@ -410,7 +415,7 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 			img = c.Before
 		}
 		g := fmt.Sprintf("%s %s %v", c.Source.Table, c.Op, img)
-		if c.Source.Table == "added" {
+		if c.Source.Table == "added" || c.Source.Table == "retyped" {
 			g += fmt.Sprintf(" key %v", c.Key)
 		}
 		if g != want[i] {

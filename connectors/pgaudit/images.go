@@ -176,9 +176,10 @@ const maxPairsPerCall = 50
 
 // decodeByColumn builds the JSON object of one record image from the
 // column types the image carries. Names come from the table's current
-// columns at the same position when the type there is the same (exact for
-// columns added since: they come last); any other column is named
-// "_column_<position>", and its value is still delivered. A value
+// columns at the same position (see below for which positions still line
+// up; stable counts the live columns before the first dropped one); any
+// other column is named "_column_<position>", and its value is still
+// delivered. A value
 // PostgreSQL can no longer read (its type was dropped since) is delivered
 // as the hex string of its binary form rather than blocking the stream.
 func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, stable int, img []byte) ([]byte, error) {
@@ -188,13 +189,14 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 	}
 	// When the image's types are those of the table's first columns, no
 	// column was dropped since it was written (columns added since come
-	// last): every name holds. Otherwise one was, and only the columns
-	// before the table's first dropped column still line up; a later one
-	// of the same type would lend its name to its dropped neighbour's value.
+	// last): every name holds. Otherwise a column was dropped or changed
+	// type: only positions before the table's first dropped column still
+	// line up (and are named where the type matches); after it, a column of
+	// the same type would lend its name to a dropped neighbour's value.
 	limit := len(cols)
 	for i, c := range cols {
 		if i >= len(current) || current[i].oid != c.oid {
-			limit = min(i, stable)
+			limit = stable
 			break
 		}
 	}

@@ -236,7 +236,7 @@ func TestDatabaseRenamedOrSwitched(t *testing.T) {
 		c := cfg.Clone()
 		c[KeyURL] = url
 		if r, err := tryStart(t, c, l); err == nil {
-			_ = r.stop(false)
+			_ = r.stop(true)
 			t.Errorf("Start against %s succeeded", what)
 		} else if !strings.Contains(err.Error(), KeyURL) || !strings.Contains(err.Error(), first) {
 			t.Errorf("Start against %s = %v, want an error naming %s and %s", what, err, KeyURL, first)
@@ -360,6 +360,9 @@ func TestCapturedTableRenamed(t *testing.T) {
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "c2")+` RENAME TO c3`)
 	cfg[KeyTables] = s + ".a"
 	r = startConnector(t, cfg, l)
+	if n := triggerCount(t, db, s, "c3"); n != 0 {
+		t.Errorf("%d capture triggers left on c3 after the Start", n)
+	}
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` RENAME TO a2`)
 	if err := r.stop(true); err != nil {
 		t.Fatalf("deleting after the captured table was renamed: %v", err)
@@ -408,6 +411,8 @@ func TestDisabledCaptureTriggerRefused(t *testing.T) {
 	if r, err := tryStart(t, cfg, l); err == nil {
 		_ = r.stop(true)
 		t.Fatal("Start with a replica-only capture trigger succeeded")
+	} else if !strings.Contains(err.Error(), KeyTables) || !strings.Contains(err.Error(), want) {
+		t.Errorf("Start with a replica-only capture trigger = %v, want an error naming %s and %q", err, KeyTables, want)
 	}
 	mustExec(t, db, want)
 	r = startConnector(t, cfg, l)

@@ -686,7 +686,7 @@ func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb tableName, im
 	if out, err = decodeRowType(ctx, conn, m, imgs); err == nil || !shapeChanged(err) {
 		return out, err
 	}
-	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns are named by position up to the first dropped column where the current column has the same type, else _column_<n>",
+	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns that still line up by position and type keep their names, others are named _column_<n>",
 		"table", m.table, "changes", len(imgs), "reason", err)
 	return decodeByColumns(ctx, conn, m, imgs)
 }

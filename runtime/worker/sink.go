@@ -34,9 +34,9 @@ type sinkLoop struct {
 	mu        sync.Mutex
 	assigned  map[connect.TopicPartition]bool
 	committed map[connect.TopicPartition]int64
-	// taken is, per partition, one past the highest offset a Put accepted:
+	// taken is, per partition, one past the highest offset given to Put:
 	// Flush may not commit beyond it (as Kafka Connect ignores offsets not
-	// yet consumed), or records nobody took would be skipped.
+	// yet consumed), or records no task saw would be skipped.
 	taken    map[connect.TopicPartition]int64
 	pending  []connect.SinkRecord // fetched but not yet accepted by Put
 	asyncErr error                // from Open in a callback: fails the task
@@ -184,6 +184,13 @@ func (s *sinkLoop) put() error {
 			s.t.w.addTopic(s.t.id.Connector, r.Topic)
 		}
 	}
+	// Given, even if Put is interrupted: a task may publish part of the
+	// batch and report it in Flush (the runtime puts the rest again).
+	for _, r := range s.pending {
+		if tp := r.TopicPartition(); r.Offset+1 > s.taken[tp] {
+			s.taken[tp] = r.Offset + 1
+		}
+	}
 	ctx, cancel := s.t.loopContext()
 	defer cancel()
 	err := s.task.Put(ctx, s.pending)
@@ -195,11 +202,6 @@ func (s *sinkLoop) put() error {
 			return nil
 		}
 		return fmt.Errorf("Put: %w", err)
-	}
-	for _, r := range s.pending {
-		if tp := r.TopicPartition(); r.Offset+1 > s.taken[tp] {
-			s.taken[tp] = r.Offset + 1
-		}
 	}
 	clear(s.pending)
 	s.pending = s.pending[:0]
