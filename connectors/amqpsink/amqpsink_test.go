@@ -917,3 +917,41 @@ func TestInterruptedReportIsNotFatal(t *testing.T) {
 		t.Errorf("offset %d, reports %d; want 2 and 1", offs[tp], len(rep.got()))
 	}
 }
+
+// TestReconfigurationUnbindsOldQueues: a new queue template binds the new
+// queues and removes the connector's bindings of the old ones, which would
+// otherwise keep receiving copies; the old queues and their messages stay
+// until the connector is deleted.
+func TestReconfigurationUnbindsOldQueues(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "moved")
+	name := cfg["name"]
+	oldQ, newQ := name+".moved", name+".v2.moved"
+	cleanupByName(t, b, name, oldQ, newQ)
+	l := connect.NewMemoryLedger()
+	s := startSink(t, cfg, l, &reporter{})
+	s.put(rec("moved", 0, 0, "", "before"))
+	s.flush()
+	if err := s.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg[KeyQueue] = name + ".v2.${topic}"
+	s = startSink(t, cfg, l, &reporter{})
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("moved", 0, 1, "", "after"))
+	s.flush()
+	if got := b.drain(newQ, 1); len(got) != 1 || string(got[0].Body) != "after" {
+		t.Errorf("new queue got %v, want [after]", got)
+	}
+	if n := b.messages(oldQ); n != 1 {
+		t.Errorf("old queue holds %d messages, want 1 (its own, not a copy of the new one)", n)
+	}
+	rs, _ := l.List(ctxT(t))
+	for _, r := range rs {
+		if r.Kind == KindBinding && strings.Contains(r.Name, url.QueryEscape(oldQ)+"&") {
+			t.Errorf("the ledger still lists the old binding %v", r)
+		}
+	}
+}

@@ -96,6 +96,14 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 			return err
 		}
 	}
+	if s.topicsRegex == nil {
+		// With a fixed topic list every binding the configuration wants is
+		// known: one left from an earlier configuration would keep filling
+		// its queue.
+		if err := tp.unbindStale(sctx, s.topics); err != nil {
+			return err
+		}
+	}
 	h.Logger.Info("amqpsink started", "url", connect.MaskCredentials(s.url), "exchange", s.exchange, "topics", s.topics)
 	return nil
 }

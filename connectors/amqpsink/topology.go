@@ -396,6 +396,34 @@ func (tp *topology) cleanup(ctx context.Context) error {
 	return nil
 }
 
+// unbindStale removes the owned bindings (on this broker) that no topic in
+// topics wants any more, after a reconfiguration changed the queue or
+// routing-key template or the exchange. The queues stay, with their
+// messages; they go with the connector.
+func (tp *topology) unbindStale(ctx context.Context, topics []string) error {
+	want := map[string]bool{}
+	for _, t := range topics {
+		want[tp.bindingFor(t).name()] = true
+	}
+	rs, err := tp.ledger.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the ledger: %w", err)
+	}
+	for _, r := range rs {
+		if r.Kind != KindBinding || r.Location != tp.s.location || want[r.Name] {
+			continue
+		}
+		if err := tp.drop(r); err != nil {
+			return fmt.Errorf("removing a binding the configuration no longer wants (%v): %w", r, err)
+		}
+		if err := tp.ledger.Release(ctx, r); err != nil {
+			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
+		}
+		tp.log.Info("removed a binding the configuration no longer wants; its queue stays until the connector is deleted", "binding", r.Name)
+	}
+	return nil
+}
+
 // drop deletes one owned object. It cannot check that an exchange or queue
 // is still the one it created: AMQP 0-9-1 returns no arguments, so the
 // x-tidyconnect-owner marker is invisible to a passive declare. Ownership
