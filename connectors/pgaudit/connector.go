@@ -221,11 +221,7 @@ func triggerRes(db string, t tableName, trigger string) connect.Resource {
 func checkTables(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, s settings) ([]string, error) {
-	schemas := make([]string, len(s.tables))
-	tables := make([]string, len(s.tables))
-	for i, t := range s.tables {
-		schemas[i], tables[i] = t.Schema, t.Name
-	}
+	schemas, tables := splitNames(s.tables)
 	rows, err := q.Query(ctx, `
 SELECT t.s, t.n, c.relkind::text,
        coalesce(has_table_privilege(c.oid, 'SELECT'), false),
@@ -836,10 +832,7 @@ func checkAuditSchemaMove(ctx context.Context, q interface {
 	for i, e := range triggerEvents {
 		trigNames[i] = n.trigger(e)
 	}
-	schemas, tables := make([]string, len(s.tables)), make([]string, len(s.tables))
-	for i, t := range s.tables {
-		schemas[i], tables[i] = t.Schema, t.Name
-	}
+	schemas, tables := splitNames(s.tables)
 	rows, err := q.Query(ctx, `
 SELECT DISTINCT fns.nspname::text
 FROM unnest($1::text[], $2::text[]) AS x(s, t)
@@ -945,10 +938,7 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 func disabledTriggers(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, trigNames []string, tables []tableName) ([]string, error) {
-	schemas, names := make([]string, len(tables)), make([]string, len(tables))
-	for i, t := range tables {
-		schemas[i], names[i] = t.Schema, t.Name
-	}
+	schemas, names := splitNames(tables)
 	rows, err := q.Query(ctx, `
 SELECT x.s, x.t, tg.tgname::text
 FROM unnest($1::text[], $2::text[]) AS x(s, t)

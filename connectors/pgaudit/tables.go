@@ -15,6 +15,16 @@ type tableName struct {
 
 func (t tableName) String() string { return t.Schema + "." + t.Name }
 
+// splitNames returns the tables' schemas and names as two parallel lists,
+// the form the catalog queries unnest.
+func splitNames(tables []tableName) (schemas, names []string) {
+	schemas, names = make([]string, len(tables)), make([]string, len(tables))
+	for i, t := range tables {
+		schemas[i], names[i] = t.Schema, t.Name
+	}
+	return schemas, names
+}
+
 // quoted is the SQL form, safe to splice into a statement.
 func (t tableName) quoted() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
 

@@ -212,11 +212,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 // loadMeta (re)reads what decoding and keying the tables' changes needs:
 // primary key, row type and live columns.
 func (t *Task) loadMeta(ctx context.Context, tables []tableName) error {
-	schemas := make([]string, len(tables))
-	names := make([]string, len(tables))
-	for i, tb := range tables {
-		schemas[i], names[i] = tb.Schema, tb.Name
-	}
+	schemas, names := splitNames(tables)
 	rows, err := t.pool.Query(ctx, `
 SELECT x.s, x.n, coalesce((
   SELECT array_agg(a.attname::text ORDER BY k.ord)
@@ -494,11 +490,7 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 	}
 	if !t.all {
-		schemas := make([]string, len(t.tables))
-		names := make([]string, len(t.tables))
-		for i, tb := range t.tables {
-			schemas[i], names[i] = tb.Schema, tb.Name
-		}
+		schemas, names := splitNames(t.tables)
 		args = append(args, schemas, names)
 	}
 	raws, err := t.read(ctx, t.selectSQL[kind], args)
