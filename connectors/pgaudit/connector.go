@@ -217,53 +217,82 @@ func triggerRes(db string, t tableName, trigger string) connect.Resource {
 	return connect.Resource{Kind: KindTrigger, Name: trigger, Location: db + "/" + t.quoted()}
 }
 
-// checkTables reports, per configured table, why it cannot be captured.
+// checkTables reports, per configured table, why it cannot be captured,
+// and which tables are captured row by row: partitioned tables and
+// partitions (docs/decisions/0048), keyed by quoted name.
 func checkTables(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, s settings) ([]string, error) {
+}, s settings) (problems []string, rowLevel map[string]bool, err error) {
 	schemas, tables := splitNames(s.tables)
 	rows, err := q.Query(ctx, `
-SELECT t.s, t.n, c.relkind::text,
+SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
        coalesce(has_table_privilege(c.oid, 'SELECT'), false),
        coalesce(has_table_privilege(c.oid, 'TRIGGER'), false),
        current_user::text,
-       EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid),
-       (SELECT i.inhparent::pg_catalog.regclass::text FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid LIMIT 1)
+       -- inheritance (not partitioning) children and parent
+       EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class ch ON ch.oid = i.inhrelid
+               WHERE i.inhparent = c.oid AND NOT ch.relispartition),
+       (SELECT i.inhparent::pg_catalog.regclass::text FROM pg_catalog.pg_inherits i
+        WHERE i.inhrelid = c.oid AND NOT c.relispartition LIMIT 1),
+       coalesce((SELECT array_agg(ans.nspname::text ORDER BY a.level) FROM pg_catalog.pg_partition_ancestors(c.oid) WITH ORDINALITY AS a(relid, level)
+                 JOIN pg_catalog.pg_class ac ON ac.oid = a.relid JOIN pg_catalog.pg_namespace ans ON ans.oid = ac.relnamespace
+                 WHERE a.relid <> c.oid), '{}'),
+       coalesce((SELECT array_agg(ac.relname::text ORDER BY a.level) FROM pg_catalog.pg_partition_ancestors(c.oid) WITH ORDINALITY AS a(relid, level)
+                 JOIN pg_catalog.pg_class ac ON ac.oid = a.relid
+                 WHERE a.relid <> c.oid), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
 ORDER BY t.i`, schemas, tables)
 	if err != nil {
-		return nil, fmt.Errorf("checking the configured tables: %w", err)
+		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
-	var problems []string
+	configured := map[tableName]bool{}
+	for _, t := range s.tables {
+		configured[t] = true
+	}
+	rowLevel = map[string]bool{}
 	for rows.Next() {
 		var (
-			schema, table string
-			kind          *string
-			sel, trig     bool
-			user          string
-			children      bool
-			parent        *string
+			schema, table  string
+			kind           *string
+			partition      bool
+			sel, trig      bool
+			user           string
+			children       bool
+			parent         *string
+			ancSch, ancTab []string
 		)
-		if err := rows.Scan(&schema, &table, &kind, &sel, &trig, &user, &children, &parent); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &user, &children, &parent, &ancSch, &ancTab); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("checking the configured tables: %w", err)
+			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
 		t := tableName{schema, table}
+		var capturedAncestor *tableName
+		for i := range ancSch {
+			if a := (tableName{ancSch[i], ancTab[i]}); configured[a] {
+				capturedAncestor = &a
+				break
+			}
+		}
 		switch {
 		case kind == nil:
 			problems = append(problems, fmt.Sprintf("table %s does not exist: create it or remove it from %s", t.quoted(), KeyTables))
 		case *kind != "r" && *kind != "p":
 			problems = append(problems, fmt.Sprintf("%s is not a table (relkind %s): only tables can be captured", t.quoted(), *kind))
-		// Statement-level triggers fire only for statements that name
-		// their own table: neither writes that name a partition (or child)
-		// nor writes through the parent would be captured.
-		case *kind == "p" || children:
-			problems = append(problems, fmt.Sprintf("table %s is partitioned or has child tables: writes that name a partition or child directly would not be captured; pgaudit does not capture partitioned or inherited tables yet (remove it from %s)", t.quoted(), KeyTables))
+		// Row-level triggers are cloned onto partitions, not onto
+		// inheritance children; statement-level ones fire only for the
+		// table a statement names. Either way writes would be missed.
+		case children:
+			problems = append(problems, fmt.Sprintf("table %s has inheritance child tables: writes that name a child would not be captured; pgaudit captures partitioned tables but not inheritance (remove it from %s)", t.quoted(), KeyTables))
 		case parent != nil:
-			problems = append(problems, fmt.Sprintf("table %s is a partition or child of %s: writes through %s would not be captured; pgaudit does not capture partitioned or inherited tables yet (remove it from %s)", t.quoted(), *parent, *parent, KeyTables))
+			problems = append(problems, fmt.Sprintf("table %s is an inheritance child of %s: writes through %s would not be captured; pgaudit captures partitioned tables but not inheritance (remove it from %s)", t.quoted(), *parent, *parent, KeyTables))
+		case capturedAncestor != nil:
+			problems = append(problems, fmt.Sprintf("table %s is a partition of %s, which is also in %s: its changes would be captured twice; keep only one of them", t.quoted(), capturedAncestor.quoted(), KeyTables))
 		default:
+			if *kind == "p" || partition {
+				rowLevel[t.quoted()] = true
+			}
 			if !sel {
 				problems = append(problems, fmt.Sprintf("role %s has no SELECT privilege on table %s: GRANT SELECT ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
 			}
@@ -274,10 +303,10 @@ ORDER BY t.i`, schemas, tables)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("checking the configured tables: %w", err)
+		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
 	if len(problems) > 0 {
-		return problems, nil
+		return problems, rowLevel, nil
 	}
 	// The capture function stores binary row images (record_send): a
 	// column whose type, element type, base type or attribute type has no
@@ -307,21 +336,21 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
 WHERE ty.typsend = 0 OR ty.typreceive = 0
 ORDER BY 1, 2, 3`, schemas, tables)
 	if err != nil {
-		return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+		return nil, nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var t tableName
 		var col, typ string
 		if err := rows.Scan(&t.Schema, &t.Name, &col, &typ); err != nil {
-			return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+			return nil, nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
 		}
 		problems = append(problems, fmt.Sprintf("column %s of table %s uses type %s, which has no binary send/receive functions: pgaudit cannot capture this table (remove it from %s)", pgx.Identifier{col}.Sanitize(), t.quoted(), typ, KeyTables))
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
+		return nil, nil, fmt.Errorf("checking the column types of the configured tables: %w", err)
 	}
-	return problems, nil
+	return problems, rowLevel, nil
 }
 
 // Validate checks what ConfigDef cannot: the database is reachable, and the
@@ -345,7 +374,7 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 		return errs
 	}
 	if len(s.tables) > 0 {
-		problems, err := checkTables(ctx, conn, s)
+		problems, _, err := checkTables(ctx, conn, s)
 		if err != nil {
 			errs[KeyURL] = append(errs[KeyURL], err.Error())
 		}
@@ -449,7 +478,7 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	} else if p != "" {
 		return fmt.Errorf("%s: %s", KeyAuditSchema, p)
 	}
-	problems, err := checkTables(ctx, tx, s)
+	problems, rowLevel, err := checkTables(ctx, tx, s)
 	if err != nil {
 		return err
 	}
@@ -465,8 +494,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	var (
 		db                                                      string
 		schemaExists, tableExists, wakeupExists, functionExists bool
-		waitersExists, orderExists                              bool
-		functionMarker, orderMarker                             *string
+		waitersExists, orderExists, rowFunctionExists           bool
+		functionMarker, orderMarker, rowFunctionMarker          *string
+		imageColumns                                            bool
 	)
 	err = tx.QueryRow(ctx, `
 SELECT current_database()::text,
@@ -484,8 +514,15 @@ SELECT current_database()::text,
        EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
                WHERE ns.nspname = $1 AND p.proname = $6 AND p.pronargs = 0),
        (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
-               WHERE ns.nspname = $1 AND p.proname = $6 AND p.pronargs = 0)`,
-		s.auditSchema, n.table, n.function, n.wakeup, n.waiters, n.order).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists, &orderExists, &orderMarker)
+               WHERE ns.nspname = $1 AND p.proname = $6 AND p.pronargs = 0),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $7 AND p.pronargs = 0),
+       (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+               WHERE ns.nspname = $1 AND p.proname = $7 AND p.pronargs = 0),
+       EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+               JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+               WHERE ns.nspname = $1 AND c.relname = $2 AND a.attname = 'image_table' AND NOT a.attisdropped)`,
+		s.auditSchema, n.table, n.function, n.wakeup, n.waiters, n.order, n.rowFunction).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists, &orderExists, &orderMarker, &rowFunctionExists, &rowFunctionMarker, &imageColumns)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
@@ -538,6 +575,11 @@ SELECT current_database()::text,
 		if err := add("0001_audit_table.up.sql", "", v); err != nil {
 			return err
 		}
+	} else if !imageColumns {
+		// An audit table from before row-level capture. Adding nullable
+		// columns without a default rewrites nothing, but takes an ACCESS
+		// EXCLUSIVE lock: only this once.
+		fmt.Fprintf(&script, "ALTER TABLE %s ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text;\n", v.Table)
 	}
 	if !wakeupExists || !waitersExists {
 		// A wake-up table of an earlier version has no waiters sequence
@@ -575,23 +617,45 @@ SELECT current_database()::text,
 			return err
 		}
 	}
-
-	// Triggers: install the missing ones.
-	trigNames := []string{n.order}
-	for _, e := range triggerEvents {
-		trigNames = append(trigNames, n.trigger(e))
+	if !rowFunctionExists || (rowFunctionMarker != nil && *rowFunctionMarker == n.marker) {
+		if !rowFunctionExists {
+			if err := own(functionRes(db, s.auditSchema, n.rowFunction)); err != nil {
+				return err
+			}
+		}
+		body, err := render("0006_row_capture.body.sql", "", v)
+		if err != nil {
+			return err
+		}
+		fv := v
+		fv.Body = quoteLiteral(body)
+		if err := add("0006_row_capture.up.sql", "", fv); err != nil {
+			return err
+		}
 	}
-	existing, err := existingTriggers(ctx, tx, trigNames, n.marker)
+
+	// Triggers. Statement-level capture (one trigger per event) on plain
+	// tables; row-level capture (one trigger for INSERT, UPDATE and DELETE,
+	// passed the table's name) on partitioned tables and partitions; the
+	// statement-level TRUNCATE trigger on both (docs/decisions/0048).
+	captureTriggers := []string{n.trigger("INSERT"), n.trigger("UPDATE"), n.trigger("DELETE"), n.trigger("TRUNCATE"), n.rowTrigger}
+	wantedTriggers := func(t tableName) []string {
+		if rowLevel[t.quoted()] {
+			return []string{n.rowTrigger, n.trigger("TRUNCATE")}
+		}
+		return captureTriggers[:4]
+	}
+	existing, err := existingTriggers(ctx, tx, append([]string{n.order}, captureTriggers...), n.marker)
 	if err != nil {
 		return err
 	}
-	if disabled, err := disabledTriggers(ctx, tx, trigNames[1:], s.tables); err != nil {
+	if disabled, err := disabledTriggers(ctx, tx, captureTriggers, s.tables); err != nil {
 		return err
 	} else if len(disabled) > 0 {
 		return fmt.Errorf("%s: capture triggers are disabled, so changes are not captured (nothing was changed): %s; enable them, or remove the tables", KeyTables, strings.Join(disabled, "; "))
 	}
 	if s.commitOrder {
-		if disabled, err := disabledTriggers(ctx, tx, trigNames[:1], []tableName{{s.auditSchema, n.table}}); err != nil {
+		if disabled, err := disabledTriggers(ctx, tx, []string{n.order}, []tableName{{s.auditSchema, n.table}}); err != nil {
 			return err
 		} else if len(disabled) > 0 {
 			return fmt.Errorf("%s: the commit-order trigger is disabled, so changes leave in statement order (nothing was changed): %s; enable it, or set %s=%s", KeyCaptureOrder, strings.Join(disabled, "; "), KeyCaptureOrder, orderStatement)
@@ -604,30 +668,21 @@ SELECT current_database()::text,
 	configured := map[string]bool{}
 	for _, t := range s.tables {
 		configured[t.quoted()] = true
-		for _, e := range triggerEvents {
-			trig := n.trigger(e)
-			if marker, ok := existing[t.quoted()+" "+trig]; ok {
-				// The connector's own trigger that the ledger does not list
-				// (its table was renamed to this name): list it again, so a
-				// later reconfiguration or deletion finds it.
-				if r := triggerRes(db, t, trig); marker != nil && *marker == n.marker && !slices.Contains(before, r) {
-					if err := own(r); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			if err := own(triggerRes(db, t, trig)); err != nil {
-				return err
-			}
-			tv := v
-			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
-			if err := add("0004_table_triggers.up.sql", e, tv); err != nil {
-				return err
-			}
-		}
+	}
+	ours := func(key string) bool {
+		m, ok := existing[key]
+		return ok && m != nil && *m == n.marker
+	}
+	dropTrigger := func(t tableName, trig string) error {
+		tv := v
+		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
+		return add("0004_table_triggers.down.sql", "", tv)
 	}
 
+	// Drops come before creations: a partition whose partitioned table is
+	// no longer captured carries a clone of the old row trigger until that
+	// is dropped, and a trigger of the same name cannot be created before.
+	//
 	// Triggers of tables no longer configured: drop (if still ours) and
 	// purge their undelivered changes, which no task reads any more.
 	purged := map[string]bool{}
@@ -645,15 +700,13 @@ SELECT current_database()::text,
 		if configured[t.quoted()] {
 			continue
 		}
-		marker, ok := existing[t.quoted()+" "+r.Name]
+		_, ok := existing[t.quoted()+" "+r.Name]
 		switch {
 		case !ok:
-		case marker == nil || *marker != n.marker:
+		case !ours(t.quoted() + " " + r.Name):
 			h.Logger.Warn("not dropping a trigger that no longer carries this connector's marker (someone replaced it)", "resource", r.String())
 		default:
-			tv := v
-			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{r.Name}.Sanitize()
-			if err := add("0004_table_triggers.down.sql", "", tv); err != nil {
+			if err := dropTrigger(t, r.Name); err != nil {
 				return err
 			}
 		}
@@ -667,8 +720,18 @@ SELECT current_database()::text,
 	// Capture triggers on tables that are not configured under their
 	// current name (renamed since, or never listed) would go on filling the
 	// audit table with changes no task reads: drop them and their changes.
-	if functionExists && functionMarker != nil && *functionMarker == n.marker {
-		stray, err := triggersCalling(ctx, tx, v.Function+"()", configured)
+	for _, fn := range []struct {
+		name   string
+		ours   bool
+		quoted string
+	}{
+		{n.function, functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
+		{n.rowFunction, rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
+	} {
+		if !fn.ours {
+			continue
+		}
+		stray, err := triggersCalling(ctx, tx, fn.quoted+"()", configured)
 		if err != nil {
 			return err
 		}
@@ -682,6 +745,69 @@ SELECT current_database()::text,
 		}
 	}
 
+	// Row triggers whose arguments name another table (the table was
+	// renamed) would file its changes under the old name: re-create them.
+	staleArgs, err := rowTriggersWithStaleArgs(ctx, tx, n.rowTrigger, s.tables, rowLevel)
+	if err != nil {
+		return err
+	}
+	for _, t := range s.tables {
+		wanted := wantedTriggers(t)
+		for _, trig := range captureTriggers {
+			key := t.quoted() + " " + trig
+			if _, ok := existing[key]; !ok {
+				continue
+			}
+			stale := trig == n.rowTrigger && staleArgs[t.quoted()]
+			if slices.Contains(wanted, trig) && !stale {
+				continue
+			}
+			if !ours(key) {
+				continue // someone else's: theirs to keep
+			}
+			// A table that became partitioned, a partition or a plain table
+			// again since its triggers were made, or a stale row trigger.
+			if err := dropTrigger(t, trig); err != nil {
+				return err
+			}
+			delete(existing, key)
+			if r := triggerRes(db, t, trig); !slices.Contains(wanted, trig) && slices.Contains(before, r) {
+				removed = append(removed, r)
+			}
+		}
+	}
+
+	for _, t := range s.tables {
+		for _, trig := range wantedTriggers(t) {
+			if marker, ok := existing[t.quoted()+" "+trig]; ok {
+				// The connector's own trigger that the ledger does not list
+				// (its table was renamed to this name): list it again, so a
+				// later reconfiguration or deletion finds it.
+				if r := triggerRes(db, t, trig); marker != nil && *marker == n.marker && !slices.Contains(before, r) {
+					if err := own(r); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			if err := own(triggerRes(db, t, trig)); err != nil {
+				return err
+			}
+			tv := v
+			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
+			if trig == n.rowTrigger {
+				tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
+				if err := add("0006_row_capture.up.sql", "trigger", tv); err != nil {
+					return err
+				}
+				continue
+			}
+			event := triggerEvents[slices.Index(captureTriggers, trig)]
+			if err := add("0004_table_triggers.up.sql", event, tv); err != nil {
+				return err
+			}
+		}
+	}
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
@@ -828,9 +954,9 @@ func databaseRenamed(ctx context.Context, q interface {
 func checkAuditSchemaMove(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, s settings, n names) (string, error) {
-	trigNames := make([]string, len(triggerEvents))
-	for i, e := range triggerEvents {
-		trigNames[i] = n.trigger(e)
+	trigNames := []string{n.rowTrigger}
+	for _, e := range triggerEvents {
+		trigNames = append(trigNames, n.trigger(e))
 	}
 	schemas, tables := splitNames(s.tables)
 	rows, err := q.Query(ctx, `
@@ -841,8 +967,8 @@ JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
 JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[])
 JOIN pg_catalog.pg_proc p ON p.oid = tg.tgfoid
 JOIN pg_catalog.pg_namespace fns ON fns.oid = p.pronamespace
-WHERE p.proname = $4 AND fns.nspname <> $5 AND obj_description(p.oid, 'pg_proc') = $6::text
-ORDER BY 1`, schemas, tables, trigNames, n.function, s.auditSchema, n.marker)
+WHERE p.proname = ANY($4::text[]) AND fns.nspname <> $5 AND obj_description(p.oid, 'pg_proc') = $6::text
+ORDER BY 1`, schemas, tables, trigNames, []string{n.function, n.rowFunction}, s.auditSchema, n.marker)
 	if err != nil {
 		return "", fmt.Errorf("inspecting the capture triggers: %w", err)
 	}
@@ -940,11 +1066,16 @@ func disabledTriggers(ctx context.Context, q interface {
 }, trigNames []string, tables []tableName) ([]string, error) {
 	schemas, names := splitNames(tables)
 	rows, err := q.Query(ctx, `
-SELECT x.s, x.t, tg.tgname::text
+SELECT DISTINCT pns.nspname::text, pc.relname::text, tg.tgname::text
 FROM unnest($1::text[], $2::text[]) AS x(s, t)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
-JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[])
+-- the table and, when partitioned, its partitions: a clone of its row
+-- trigger can be disabled on one partition
+CROSS JOIN LATERAL (SELECT c.oid UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(c.oid) AS pt) AS m(relid)
+JOIN pg_catalog.pg_class pc ON pc.oid = m.relid
+JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = m.relid AND tg.tgname = ANY($3::text[])
 WHERE tg.tgenabled IN ('D', 'R') -- 'R': fires only in replica sessions
 ORDER BY 1, 2, 3`, schemas, names, trigNames)
 	if err != nil {
@@ -970,7 +1101,9 @@ type callingTrigger struct {
 }
 
 // triggersCalling lists the triggers that call function fn (quoted, with
-// its "()"), except those on the tables in skip (quoted names).
+// its "()"), except those on the tables in skip (quoted names) and the
+// clones PostgreSQL keeps of a partitioned table's row trigger on its
+// partitions (they cannot be dropped on their own, and go with it).
 func triggersCalling(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, skip map[string]bool) ([]callingTrigger, error) {
@@ -980,6 +1113,7 @@ FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
 WHERE NOT tg.tgisinternal AND tg.tgfoid = pg_catalog.to_regprocedure($1)
+  AND tg.tgparentid = 0 -- clones on partitions go with their parent trigger
 ORDER BY 1, 2, 3`, fn)
 	if err != nil {
 		return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
@@ -998,6 +1132,48 @@ ORDER BY 1, 2, 3`, fn)
 	return out, rows.Err()
 }
 
+// rowTriggersWithStaleArgs reports the tables among rowLevel (quoted
+// names) whose row trigger trig passes another table's name than their
+// own: it was created before the table was renamed, and would file the
+// table's changes under the old name.
+func rowTriggersWithStaleArgs(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, trig string, tables []tableName, rowLevel map[string]bool) (map[string]bool, error) {
+	var rl []tableName
+	for _, t := range tables {
+		if rowLevel[t.quoted()] {
+			rl = append(rl, t)
+		}
+	}
+	if len(rl) == 0 {
+		return nil, nil
+	}
+	schemas, names := splitNames(rl)
+	rows, err := q.Query(ctx, `
+SELECT x.s, x.t, tg.tgargs
+FROM unnest($1::text[], $2::text[]) AS x(s, t)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0`, schemas, names, trig)
+	if err != nil {
+		return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
+	}
+	defer rows.Close()
+	stale := map[string]bool{}
+	for rows.Next() {
+		var t tableName
+		var args []byte
+		if err := rows.Scan(&t.Schema, &t.Name, &args); err != nil {
+			return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
+		}
+		// tgargs holds each argument followed by a NUL byte.
+		if string(args) != t.Schema+"\x00"+t.Name+"\x00" {
+			stale[t.quoted()] = true
+		}
+	}
+	return stale, rows.Err()
+}
+
 // triggerMarkerSQL is a trigger's ownership marker: marker itself when the
 // trigger calls a function carrying it (whatever the trigger's own comment
 // says, it cannot outlive that function, which deletion drops), else the
@@ -1007,7 +1183,8 @@ const triggerMarkerSQL = `CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_proc p W
 
 // existingTriggers maps "<quoted table> <trigger>" of every trigger with
 // one of the given names to its ownership marker (triggerMarkerSQL; nil
-// without one).
+// without one). Clones of a partitioned table's trigger on its partitions
+// are not listed: they are not the partition's own.
 func existingTriggers(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, trigNames []string, marker string) (map[string]*string, error) {
@@ -1016,7 +1193,7 @@ SELECT ns.nspname::text, c.relname::text, tg.tgname::text, `+triggerMarkerSQL+`
 FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-WHERE NOT tg.tgisinternal AND tg.tgname = ANY($2::text[])`, marker, trigNames)
+WHERE NOT tg.tgisinternal AND tg.tgname = ANY($2::text[]) AND tg.tgparentid = 0`, marker, trigNames)
 	if err != nil {
 		return nil, fmt.Errorf("listing existing triggers: %w", err)
 	}

@@ -198,13 +198,17 @@ type names struct {
 	wakeup   string // which tasks wait for a NOTIFY
 	waiters  string // sequence: how many tasks wait (owned by wakeup)
 	function string
-	order    string // commit-order function and its trigger on the audit table
-	channel  string // LISTEN/NOTIFY channel
-	marker   string // comment marking owned objects
+	// rowFunction is called by the row-level trigger rowTrigger on
+	// partitioned tables and partitions (docs/decisions/0048).
+	rowFunction, rowTrigger string
+	order                   string // commit-order function and its trigger on the audit table
+	channel                 string // LISTEN/NOTIFY channel
+	marker                  string // comment marking owned objects
 }
 
-// maxBase leaves room for the longest suffix ("_trunc", "tidyconnect_"
-// prefix of the channel) within PostgreSQL's 63-byte identifiers.
+// maxBase leaves room for the longest suffix ("_capture_row", the
+// "tidyconnect_" prefix of the channel) within PostgreSQL's 63-byte
+// identifiers.
 const maxBase = 48
 
 // objectNames derives collision-free names: the sanitized connector name,
@@ -229,14 +233,16 @@ func objectNames(connector string) names {
 	}
 	base := prefix + "_" + h
 	return names{
-		base:     base,
-		table:    base + "_audit",
-		wakeup:   base + "_wakeup",
-		waiters:  base + "_waiters",
-		function: base + "_capture",
-		order:    base + "_order",
-		channel:  "tidyconnect_" + base,
-		marker:   "tidyconnect:" + connector,
+		base:        base,
+		table:       base + "_audit",
+		wakeup:      base + "_wakeup",
+		waiters:     base + "_waiters",
+		function:    base + "_capture",
+		rowFunction: base + "_capture_row",
+		rowTrigger:  base + "_row",
+		order:       base + "_order",
+		channel:     "tidyconnect_" + base,
+		marker:      "tidyconnect:" + connector,
 	}
 }
 

@@ -15,6 +15,10 @@ import (
 type sqlVars struct {
 	Schema, Table, Wakeup, Function, Body, Channel, Marker string
 	Captured, Trigger                                      string
+	// RowFunction is the row-level capture function; its trigger passes
+	// the captured table's schema and name as string literals.
+	RowFunction                                string
+	CapturedSchemaLiteral, CapturedNameLiteral string
 	// Waiters is the wake-up sequence's quoted name; WaitersLiteral is
 	// that name as a string literal, for a regclass constant.
 	Waiters, WaitersLiteral string
@@ -103,6 +107,7 @@ func (n names) vars(auditSchema string) sqlVars {
 		// quoteLiteral of the quoted name: regclass parses the quotes.
 		WaitersLiteral: quoteLiteral(pgx.Identifier{auditSchema, n.waiters}.Sanitize()),
 		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
+		RowFunction:    pgx.Identifier{auditSchema, n.rowFunction}.Sanitize(),
 		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
 		OrderLockKey:   commitOrderLockKey,
 		Channel:        quoteLiteral(n.channel),

@@ -529,7 +529,8 @@ type auditRow struct {
 	id, tsMS      int64
 	txid, op      string
 	table         tableName
-	changes       int // 0: one change with record images; else N grouped changes
+	image         tableName // whose row type the images have: table, or its partition
+	changes       int       // 0: one change with record images; else N grouped changes
 	delivered     int
 	before, after []byte
 }
@@ -543,11 +544,16 @@ func (t *Task) read(ctx context.Context, sql string, args []any) ([]auditRow, er
 	var raws []auditRow
 	for rows.Next() {
 		var (
-			r                  auditRow
-			changes, delivered *int32
+			r                   auditRow
+			changes, delivered  *int32
+			imgSchema, imgTable *string
 		)
-		if err := rows.Scan(&r.id, &r.txid, &r.tsMS, &r.table.Schema, &r.table.Name, &r.op, &changes, &delivered, &r.before, &r.after); err != nil {
+		if err := rows.Scan(&r.id, &r.txid, &r.tsMS, &r.table.Schema, &r.table.Name, &r.op, &changes, &delivered, &r.before, &r.after, &imgSchema, &imgTable); err != nil {
 			return nil, err
+		}
+		r.image = r.table
+		if imgSchema != nil && imgTable != nil {
+			r.image = tableName{*imgSchema, *imgTable}
 		}
 		if changes != nil {
 			r.changes = int(*changes)
@@ -568,7 +574,10 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		idx           int
 		before, after int // index into the table's images; -1: none
 	}
+	// Images are decoded by the table whose row type they have: for a
+	// partitioned table, the partition the row was in.
 	images := map[tableName][][]byte{}
+	imageOf := map[tableName]tableName{} // image table -> a configured table it belongs to
 	addImage := func(tb tableName, img []byte) int {
 		if img == nil {
 			return -1
@@ -582,13 +591,18 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 	)
 	for i := range raws {
 		r := &raws[i]
-		if _, ok := t.meta[r.table]; !ok && !slices.Contains(missing, r.table) {
-			// A table added by a reconfiguration this task was not told
-			// about yet.
-			missing = append(missing, r.table)
+		for _, tb := range []tableName{r.table, r.image} {
+			if _, ok := t.meta[tb]; !ok && !slices.Contains(missing, tb) {
+				// A table added by a reconfiguration this task was not told
+				// about yet, or a partition of a captured table.
+				missing = append(missing, tb)
+			}
+		}
+		if _, ok := imageOf[r.image]; !ok {
+			imageOf[r.image] = r.table
 		}
 		if r.changes == 0 {
-			changes = append(changes, change{r, 0, addImage(r.table, r.before), addImage(r.table, r.after)})
+			changes = append(changes, change{r, 0, addImage(r.image, r.before), addImage(r.image, r.after)})
 			continue
 		}
 		var befores, afters [][]byte
@@ -609,10 +623,10 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		for k := r.delivered; k < r.changes; k++ {
 			c := change{r, k, -1, -1}
 			if befores != nil {
-				c.before = addImage(r.table, befores[k])
+				c.before = addImage(r.image, befores[k])
 			}
 			if afters != nil {
-				c.after = addImage(r.table, afters[k])
+				c.after = addImage(r.image, afters[k])
 			}
 			changes = append(changes, c)
 		}
@@ -630,7 +644,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 		defer conn.Release()
 		for tb, imgs := range images {
-			jsons, err := t.decode(ctx, conn.Conn().PgConn(), tb, imgs)
+			jsons, err := t.decode(ctx, conn.Conn().PgConn(), tb, imageOf[tb], imgs)
 			if err != nil {
 				return nil, err
 			}
@@ -643,10 +657,10 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		m := t.meta[r.table]
 		var before, after []byte
 		if c.before >= 0 {
-			before = decoded[r.table][c.before]
+			before = decoded[r.image][c.before]
 		}
 		if c.after >= 0 {
-			after = decoded[r.table][c.after]
+			after = decoded[r.image][c.after]
 		}
 		recs = append(recs, connect.SourceRecord{
 			SourcePartition: m.partition,
@@ -661,20 +675,29 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 	return recs, nil
 }
 
-// decode turns one table's row images into JSON. Images PostgreSQL no
+// decode turns row images of table tb into JSON. Images PostgreSQL no
 // longer accepts as the table's row type were written before a column
 // change: the table's columns are read again and the images decoded with
-// them, column by column if still needed.
-func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb tableName, imgs [][]byte) ([][]byte, error) {
+// them, column by column if still needed. Images of a partition that is
+// gone since are decoded with the row type of captured, the partitioned
+// table they were captured for (partitions have its columns, and usually
+// in its order).
+func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb, captured tableName, imgs [][]byte) ([][]byte, error) {
 	m := t.meta[tb]
+	if m.arrayType == 0 && tb != captured {
+		m = t.meta[captured]
+	}
 	out, err := decodeRowType(ctx, conn, m, imgs)
 	if err == nil || !shapeChanged(err) {
 		return out, err
 	}
-	if err := t.loadMeta(ctx, []tableName{tb}); err != nil {
+	if err := t.loadMeta(ctx, []tableName{tb, captured}); err != nil {
 		return nil, err
 	}
 	m = t.meta[tb]
+	if m.arrayType == 0 && tb != captured {
+		m = t.meta[captured]
+	}
 	if out, err = decodeRowType(ctx, conn, m, imgs); err == nil || !shapeChanged(err) {
 		return out, err
 	}
@@ -696,7 +719,7 @@ const (
 // everything delivered below them is deleted), above them, and between
 // them only when the in-flight ids have gaps a late commit could fill.
 func readQueries(auditTable string, all bool) [3]string {
-	const cols = `id, txid::text AS txid, (extract(epoch FROM ts) * 1000)::bigint AS ts_ms, schema_name, table_name, op::text AS op, changes, delivered, before, after`
+	const cols = `id, txid::text AS txid, (extract(epoch FROM ts) * 1000)::bigint AS ts_ms, schema_name, table_name, op::text AS op, changes, delivered, before, after, image_schema, image_table`
 	filter := func(first int) string {
 		if all {
 			return ""
@@ -709,7 +732,7 @@ func readQueries(auditTable string, all bool) [3]string {
 	// At most $1 rows, and of those only as many as hold about $1
 	// undelivered changes: a grouped row holds up to chunkChanges.
 	budget := func(q string) string {
-		return `SELECT id, txid, ts_ms, schema_name, table_name, op, changes, delivered, before, after FROM (
+		return `SELECT id, txid, ts_ms, schema_name, table_name, op, changes, delivered, before, after, image_schema, image_table FROM (
   SELECT q.*, sum(coalesce(q.changes, 1) - q.delivered) OVER (ORDER BY q.id) AS upto FROM (` + q + `) q) w
 WHERE w.upto - (coalesce(w.changes, 1) - w.delivered) < $1 ORDER BY w.id`
 	}

@@ -1,0 +1,323 @@
+package pgaudit
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// wantChange is an expected record: op, key and images as JSON ("null"
+// for none).
+type wantChange struct {
+	op, key, before, after string
+}
+
+func checkChanges(t *testing.T, got []change, topic, schema, table string, want []wantChange) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("got %d changes, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		c := got[i]
+		if c.Op != w.op {
+			t.Errorf("change %d: op %q, want %q", i, c.Op, w.op)
+		}
+		if k := jsonOf(t, w.key); !reflect.DeepEqual(anyMap(c.Key), k) {
+			t.Errorf("change %d (%s): key %v, want %v", i, w.op, c.Key, k)
+		}
+		if b := jsonOf(t, w.before); !reflect.DeepEqual(anyMap(c.Before), b) {
+			t.Errorf("change %d (%s): before %v, want %v", i, w.op, c.Before, b)
+		}
+		if a := jsonOf(t, w.after); !reflect.DeepEqual(anyMap(c.After), a) {
+			t.Errorf("change %d (%s): after %v, want %v", i, w.op, c.After, a)
+		}
+		if c.Topic != topic || c.Source.Schema != schema || c.Source.Table != table {
+			t.Errorf("change %d (%s): topic %q, source %s.%s; want %q, %s.%s", i, w.op, c.Topic, c.Source.Schema, c.Source.Table, topic, schema, table)
+		}
+	}
+}
+
+// captureTriggersIn lists "<table> <trigger> <clone>" for every trigger
+// in schema s whose name starts with the connector's base.
+func captureTriggersIn(t *testing.T, ctx context.Context, db *pgxpool.Pool, connector, s string) []string {
+	t.Helper()
+	base := objectNames(connector).base
+	rows, err := db.Query(ctx, `
+SELECT c.relname::text || ' ' || g.tgname::text || ' ' || (g.tgparentid <> 0)::text
+FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND starts_with(g.tgname::text, $2) ORDER BY 1`, s, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, strings.Replace(v, base, "<base>", 1))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPartitionedTable: a partitioned table is captured under its own name,
+// whichever partition a row is in and whichever table the statement names:
+// sub-partitions, a partition attached with another column order, and one
+// created after the connector started. Deletion removes the triggers from
+// the table and all partitions.
+func TestPartitionedTable(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p2")+` PARTITION OF `+p+` FOR VALUES FROM (10) TO (20) PARTITION BY RANGE (k)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p2a")+` PARTITION OF `+qualified(s, "p2")+` FOR VALUES FROM (10) TO (20)`)
+	// Same columns, another order: its images have its own row type.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p3")+` (v text, k int NOT NULL, id int NOT NULL, PRIMARY KEY (id, k))`)
+	mustExec(t, db, `ALTER TABLE `+p+` ATTACH PARTITION `+qualified(s, "p3")+` FOR VALUES FROM (20) TO (30)`)
+
+	r := startConnector(t, baseConfig(testenv.Unique("parted-"), url, auditSchemaFor(t, db), s+".p"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(false) }()
+	// Created after Start: PostgreSQL clones the row trigger onto it.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p4")+` PARTITION OF `+p+` FOR VALUES FROM (30) TO (40)`)
+
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (1, 1, 'a')`)                  // routed into p1
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p1")+` VALUES (2, 2, 'b')`) // names the partition
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p2a")+` VALUES (5, 15, 'e')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p3")+` VALUES ('c', 21, 3)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p4")+` VALUES (4, 31, 'd')`)
+	mustExec(t, db, `UPDATE `+p+` SET v = 'a2' WHERE id = 1`)
+	mustExec(t, db, `UPDATE `+p+` SET k = 32 WHERE id = 1`) // moves the row from p1 to p4
+	mustExec(t, db, `DELETE FROM `+qualified(s, "p3")+` WHERE id = 3`)
+	mustExec(t, db, `TRUNCATE `+p)
+
+	got := r.collect(10, true)
+	r.quiet()
+	checkChanges(t, got, "tc."+s+".p", s, "p", []wantChange{
+		{"c", `{"id":1,"k":1}`, "null", `{"id":1,"k":1,"v":"a"}`},
+		{"c", `{"id":2,"k":2}`, "null", `{"id":2,"k":2,"v":"b"}`},
+		{"c", `{"id":5,"k":15}`, "null", `{"id":5,"k":15,"v":"e"}`},
+		{"c", `{"id":3,"k":21}`, "null", `{"id":3,"k":21,"v":"c"}`},
+		{"c", `{"id":4,"k":31}`, "null", `{"id":4,"k":31,"v":"d"}`},
+		{"u", `{"id":1,"k":1}`, `{"id":1,"k":1,"v":"a"}`, `{"id":1,"k":1,"v":"a2"}`},
+		// A move between partitions is a delete and an insert, as
+		// PostgreSQL's logical replication reports it.
+		{"d", `{"id":1,"k":1}`, `{"id":1,"k":1,"v":"a2"}`, "null"},
+		{"c", `{"id":1,"k":32}`, "null", `{"id":1,"k":32,"v":"a2"}`},
+		{"d", `{"id":3,"k":21}`, `{"id":3,"k":21,"v":"c"}`, "null"},
+		{"t", "null", "null", "null"},
+	})
+
+	wantTriggers := []string{
+		"p <base>_row false", "p <base>_trunc false",
+		"p1 <base>_row true", "p2 <base>_row true", "p2a <base>_row true",
+		"p3 <base>_row true", "p4 <base>_row true",
+	}
+	if tr := captureTriggersIn(t, ctx, db, r.name, s); !reflect.DeepEqual(tr, wantTriggers) {
+		t.Errorf("triggers %v, want %v", tr, wantTriggers)
+	}
+	// A partition detached keeps nothing of the connector's.
+	mustExec(t, db, `ALTER TABLE `+p+` DETACH PARTITION `+qualified(s, "p4"))
+	if n := triggerCount(t, db, s, "p4"); n != 0 {
+		t.Errorf("a detached partition keeps %d triggers", n)
+	}
+
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if tr := captureTriggersIn(t, ctx, db, r.name, s); len(tr) != 0 {
+		t.Errorf("after deletion, triggers remain: %v", tr)
+	}
+	var fns int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE starts_with(proname::text, $1)`, objectNames(r.name).base).Scan(&fns); err != nil {
+		t.Fatal(err)
+	}
+	if fns != 0 {
+		t.Errorf("after deletion, %d functions remain", fns)
+	}
+}
+
+// TestPartitionCapturedAlone: a partition configured on its own is captured
+// under its own name, also for rows routed into it through its partitioned
+// table; the other partitions are not captured.
+func TestPartitionCapturedAlone(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "low")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "high")+` PARTITION OF `+p+` FOR VALUES FROM (100) TO (200)`)
+	r := startConnector(t, baseConfig(testenv.Unique("part-"), url, auditSchemaFor(t, db), s+".low"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (1, 'through the parent'), (101, 'elsewhere')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "low")+` VALUES (2, 'direct')`)
+	mustExec(t, db, `UPDATE `+p+` SET v = 'x'`)
+	mustExec(t, db, `TRUNCATE `+p) // truncates low too
+	got := r.collect(5, true)
+	r.quiet()
+	checkChanges(t, got, "tc."+s+".low", s, "low", []wantChange{
+		{"c", `{"id":1}`, "null", `{"id":1,"v":"through the parent"}`},
+		{"c", `{"id":2}`, "null", `{"id":2,"v":"direct"}`},
+		{"u", `{"id":1}`, `{"id":1,"v":"through the parent"}`, `{"id":1,"v":"x"}`},
+		{"u", `{"id":2}`, `{"id":2,"v":"direct"}`, `{"id":2,"v":"x"}`},
+		{"t", "null", "null", "null"},
+	})
+}
+
+// TestPartitionedTableReconfigured: triggers follow what a table is and
+// what it is called. A renamed partitioned table's row trigger, which
+// passes the old name, is re-created with the new one once the
+// configuration follows. A captured plain table attached as a partition of
+// a captured partitioned table is refused (its changes would come twice);
+// captured on its own, its statement-level triggers give way to row-level
+// capture, which sees rows routed through the partitioned table.
+func TestPartitionedTableReconfigured(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "part")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY, v text)`)
+	name := testenv.Unique("reparted-")
+	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
+	r := startConnector(t, baseConfig(name, url, audit, s+".p", s+".plain"), l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	mustExec(t, db, `ALTER TABLE `+p+` RENAME TO q`)
+	q := qualified(s, "q")
+	r = startConnector(t, baseConfig(name, url, audit, s+".q", s+".plain"), l)
+	wantTriggers := []string{
+		"part <base>_row true",
+		"plain <base>_del false", "plain <base>_ins false", "plain <base>_trunc false", "plain <base>_upd false",
+		"q <base>_row false", "q <base>_trunc false",
+	}
+	if tr := captureTriggersIn(t, ctx, db, r.name, s); !reflect.DeepEqual(tr, wantTriggers) {
+		t.Errorf("triggers %v, want %v", tr, wantTriggers)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "part")+` VALUES (1, 'renamed')`)
+	checkChanges(t, r.collect(1, true), "tc."+s+".q", s, "q", []wantChange{
+		{"c", `{"id":1}`, "null", `{"id":1,"v":"renamed"}`},
+	})
+	r.quiet()
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// plain becomes a partition of q: both configured is refused.
+	mustExec(t, db, `ALTER TABLE `+q+` ATTACH PARTITION `+qualified(s, "plain")+` FOR VALUES FROM (100) TO (200)`)
+	if _, err := tryStart(t, baseConfig(name, url, audit, s+".q", s+".plain"), l); err == nil || !strings.Contains(err.Error(), "which is also in tables") {
+		t.Fatalf("Start with a table and its partition: %v", err)
+	}
+
+	// Only the partition: the row trigger replaces its statement-level
+	// ones (and q's clone of the row trigger goes with q's trigger).
+	r = startConnector(t, baseConfig(name, url, audit, s+".plain"), l)
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+		if tr := captureTriggersIn(t, ctx, db, name, s); len(tr) != 0 {
+			t.Errorf("after deletion, triggers remain: %v", tr)
+		}
+	}()
+	wantTriggers = []string{"plain <base>_row false", "plain <base>_trunc false"}
+	if tr := captureTriggersIn(t, ctx, db, r.name, s); !reflect.DeepEqual(tr, wantTriggers) {
+		t.Errorf("triggers %v, want %v", tr, wantTriggers)
+	}
+	mustExec(t, db, `INSERT INTO `+q+` VALUES (2, 'other partition'), (101, 'routed')`)
+	checkChanges(t, r.collect(1, true), "tc."+s+".plain", s, "plain", []wantChange{
+		{"c", `{"id":101}`, "null", `{"id":101,"v":"routed"}`},
+	})
+	r.quiet()
+	rs, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trig []string
+	for _, res := range rs {
+		if res.Kind == KindTrigger {
+			trig = append(trig, fmt.Sprintf("%s %s", res.Location, strings.Replace(res.Name, objectNames(name).base, "<base>", 1)))
+		}
+	}
+	slices.Sort(trig)
+	wantLedger := []string{`test/"` + s + `"."plain" <base>_row`, `test/"` + s + `"."plain" <base>_trunc`}
+	if !slices.Equal(trig, wantLedger) {
+		t.Errorf("ledger triggers %v, want %v", trig, wantLedger)
+	}
+}
+
+// TestDisabledPartitionTriggerRefused: a clone of the row trigger disabled
+// on one partition would capture nothing there; Start names it.
+func TestDisabledPartitionTriggerRefused(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (10)`)
+	name := testenv.Unique("disparted-")
+	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
+	r := startConnector(t, baseConfig(name, url, audit, s+".p"), l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	trig := objectNames(name).rowTrigger
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p1")+` DISABLE TRIGGER `+pgx.Identifier{trig}.Sanitize())
+	_, err := tryStart(t, baseConfig(name, url, audit, s+".p"), l)
+	want := "ALTER TABLE " + qualified(s, "p1") + " ENABLE TRIGGER " + pgx.Identifier{trig}.Sanitize()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Start with a disabled clone: %v; want an error naming %q", err, want)
+	}
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p1")+` ENABLE TRIGGER `+pgx.Identifier{trig}.Sanitize())
+	r = startConnector(t, baseConfig(name, url, audit, s+".p"), l)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAuditTableGainsImageColumns: an audit table made before row-level
+// capture (without image_schema and image_table) gets them at Start, and
+// the undelivered changes in it are delivered.
+func TestAuditTableGainsImageColumns(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	name := testenv.Unique("upgrade-")
+	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
+	r := startConnector(t, baseConfig(name, url, audit, s+".plain"), l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	at := qualified(audit, objectNames(name).table)
+	mustExec(t, db, `ALTER TABLE `+at+` DROP COLUMN image_schema, DROP COLUMN image_table`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "plain")+` VALUES (1)`)
+
+	r = startConnector(t, baseConfig(name, url, audit, s+".plain", s+".p"), l)
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p")+` VALUES (2)`)
+	got := r.collect(2, true)
+	checkChanges(t, got[:1], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":1}`, "null", `{"id":1}`}})
+	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+}

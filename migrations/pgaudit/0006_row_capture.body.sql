@@ -1,0 +1,21 @@
+BEGIN
+    -- One audit row per changed row. An UPDATE that moves a row into
+    -- another partition fires DELETE on the old partition and INSERT on the
+    -- new one, as PostgreSQL's logical replication reports it.
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after, image_schema, image_table)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'c', pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after, image_schema, image_table)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'u', pg_catalog.record_send(OLD), pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+    ELSE
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, image_schema, image_table)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'd', pg_catalog.record_send(OLD), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+    END IF;
+    -- A wake-up only when a task waits for one (docs/decisions/0045); a
+    -- transaction's identical notifications are sent once.
+    IF COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) > 0 THEN
+        PERFORM pg_catalog.pg_notify({{.Channel}}, '');
+    END IF;
+    RETURN NULL;
+END

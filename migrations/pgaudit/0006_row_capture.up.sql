@@ -1,0 +1,16 @@
+-- Row-level capture, for partitioned tables and partitions
+-- (docs/decisions/0048). Statement-level triggers fire only for the table a
+-- statement names, so they would miss writes that name a partition, or go
+-- through a parent into a captured partition. A row-level trigger on a
+-- partitioned table is cloned onto each of its partitions, those attached
+-- or created later included, and fires wherever the row lands.
+-- The trigger's arguments name the configured table the changes belong to;
+-- TG_TABLE_* name the partition, whose row type the images have.
+-- SECURITY DEFINER with a fixed search_path, as the statement-level function.
+CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS {{.Body}};
+COMMENT ON FUNCTION {{.RowFunction}}() IS {{.Marker}};
+{{define "trigger"}}CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
+    FOR EACH ROW EXECUTE FUNCTION {{.RowFunction}}({{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}});
+COMMENT ON TRIGGER {{.Trigger}} ON {{.Captured}} IS {{.Marker}};{{end}}
