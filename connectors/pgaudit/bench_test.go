@@ -44,6 +44,23 @@ func benchTables(b *testing.B, db *pgxpool.Pool, url, order string) (plain, capt
 	return plain, captured, r
 }
 
+// benchPartitionedTables is benchTables with both tables partitioned by
+// hash of id into 4 partitions: pgaudit captures the partitioned one row
+// by row (docs/decisions/0048).
+func benchPartitionedTables(b *testing.B, db *pgxpool.Pool, url string) (plain, captured string, r *running) {
+	s := newSchema(b, db)
+	plain, captured = qualified(s, "plain"), qualified(s, "captured")
+	for _, t := range []string{"plain", "captured"} {
+		mustExec(b, db, `CREATE TABLE `+qualified(s, t)+` `+benchColumns+` PARTITION BY HASH (id)`)
+		for i := range 4 {
+			mustExec(b, db, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES WITH (MODULUS 4, REMAINDER %d)`, qualified(s, fmt.Sprintf("%s_%d", t, i)), qualified(s, t), i))
+		}
+	}
+	r = startConnector(b, baseConfig(testenv.Unique("bench-"), url, auditSchemaFor(b, db), s+".captured"), connect.NewMemoryLedger())
+	b.Cleanup(func() { _ = r.stop(true) })
+	return plain, captured, r
+}
+
 func auditTable(r *running) string {
 	return qualified(r.cfg[KeyAuditSchema], objectNames(r.name).table)
 }
@@ -100,6 +117,12 @@ func BenchmarkWriteOverhead(b *testing.B) {
 		})
 	}
 
+	// Partitioned tables are captured row by row (docs/decisions/0048).
+	b.Run("bulk_insert_200k_partitioned", func(b *testing.B) {
+		plain, captured, r := benchPartitionedTables(b, db, url)
+		bulkInsertRounds(b, db, plain, captured, auditTable(r))
+	})
+
 	// A classic row-level PL/pgSQL audit trigger with to_jsonb per row, for
 	// the decision record (docs/decisions/0040): not what pgaudit installs.
 	b.Run("bulk_insert_200k_rowlevel_reference", func(b *testing.B) {
@@ -134,6 +157,11 @@ END $$`)
 	} {
 		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.order, v.consumed) })
 	}
+
+	b.Run("single_row_tx_4_clients_partitioned", func(b *testing.B) {
+		plain, captured, r := benchPartitionedTables(b, db, url)
+		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
+	})
 
 	// The floor of any trigger-based capture on this machine: the same
 	// workload against a table whose statement-level triggers (with
