@@ -27,12 +27,29 @@ func jsonOf(t testing.TB, v string) any {
 	return out
 }
 
+// TestCaptureColumnTypes: every change of a plain table comes out with its
+// values, under both capture levels (statement- and row-level triggers).
 func TestCaptureColumnTypes(t *testing.T) {
+	for _, level := range []string{levelStatement, levelRow} {
+		t.Run(level, func(t *testing.T) { captureColumnTypes(t, level) })
+	}
+}
+
+func captureColumnTypes(t *testing.T, level string) {
 	db, url := admin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "typed")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, t text, n numeric(12,3), ts timestamptz, j jsonb, b bytea, a int[], z text)`)
-	r := startConnector(t, baseConfig(testenv.Unique("types-"), url, auditSchemaFor(t, db), s+".typed"), connect.NewMemoryLedger())
+	cfg := baseConfig(testenv.Unique("types-"), url, auditSchemaFor(t, db), s+".typed")
+	cfg[KeyCaptureLevel] = level
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	wantTriggers := map[string][]string{
+		levelStatement: {"typed <base>_del false", "typed <base>_ins false", "typed <base>_trunc false", "typed <base>_upd false"},
+		levelRow:       {"typed <base>_row false", "typed <base>_trunc false"},
+	}[level]
+	if tr := captureTriggersIn(t, testCtx(t), db, r.name, s); !reflect.DeepEqual(tr, wantTriggers) {
+		t.Errorf("triggers %v, want %v", tr, wantTriggers)
+	}
 	defer func() {
 		if err := r.stop(true); err != nil {
 			t.Error(err)

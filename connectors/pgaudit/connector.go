@@ -482,6 +482,11 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if err != nil {
 		return err
 	}
+	if s.rowLevel {
+		for _, t := range s.tables {
+			rowLevel[t.quoted()] = true
+		}
+	}
 	if p, err := checkAuditSchema(ctx, tx, s); err != nil {
 		return err
 	} else if p != "" {

@@ -33,6 +33,7 @@ const (
 	KeyPollIntervalMS  = "poll.interval.ms"
 	KeyCleanupOnDelete = "cleanup.on.delete"
 	KeyCaptureOrder    = "capture.order"
+	KeyCaptureLevel    = "capture.level"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -94,6 +95,14 @@ func ConfigDef() connect.ConfigDef {
 				}
 				return nil
 			}},
+		{Name: KeyCaptureLevel, Type: connect.TypeString, Default: levelStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 10,
+			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
+			Validate: func(v string) error {
+				if v != levelStatement && v != levelRow {
+					return fmt.Errorf("must be %q or %q", levelStatement, levelRow)
+				}
+				return nil
+			}},
 	}
 }
 
@@ -118,12 +127,17 @@ type settings struct {
 	cleanup      bool
 	// commitOrder: capture.order = commit (docs/decisions/0046).
 	commitOrder bool
+	// rowLevel: capture.level = row, row-level triggers on plain tables
+	// too (docs/decisions/0048).
+	rowLevel bool
 }
 
-// capture.order values.
+// capture.order and capture.level values.
 const (
 	orderCommit    = "commit"
 	orderStatement = "statement"
+	levelStatement = "statement"
+	levelRow       = "row"
 )
 
 // parseSettings checks cfg against ConfigDef and returns every problem,
@@ -144,6 +158,9 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	if v, ok := cfg[KeyCaptureOrder]; ok && strings.TrimSpace(v) == "" {
 		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", orderStatement))
 	}
+	if v, ok := cfg[KeyCaptureLevel]; ok && strings.TrimSpace(v) == "" {
+		errs[KeyCaptureLevel] = append(errs[KeyCaptureLevel], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", levelStatement))
+	}
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])
 		// Two tables on one topic would mix their changes, and keys of
@@ -161,6 +178,7 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 		}
 	}
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
+	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)

@@ -47,6 +47,7 @@ func TestREST(t *testing.T) {
 		{"blank audit schema", s + ".orders", pwURL, KeyAuditSchema, func(c connect.Config) { c[KeyAuditSchema] = "" }},
 		{"unknown capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "random" }},
 		{"blank capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "" }},
+		{"unknown capture level", s + ".orders", pwURL, KeyCaptureLevel, func(c connect.Config) { c[KeyCaptureLevel] = "column" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)

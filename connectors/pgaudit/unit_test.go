@@ -168,6 +168,8 @@ func TestParseSettingsBlankAndCollidingValues(t *testing.T) {
 		{"blank audit schema", func(c connect.Config) { c[KeyAuditSchema] = "  " }, KeyAuditSchema, "must not be blank"},
 		{"blank capture order", func(c connect.Config) { c[KeyCaptureOrder] = " " }, KeyCaptureOrder, "must not be blank"},
 		{"unknown capture order", func(c connect.Config) { c[KeyCaptureOrder] = "random" }, KeyCaptureOrder, `"commit" or "statement"`},
+		{"blank capture level", func(c connect.Config) { c[KeyCaptureLevel] = " " }, KeyCaptureLevel, "must not be blank"},
+		{"unknown capture level", func(c connect.Config) { c[KeyCaptureLevel] = "column" }, KeyCaptureLevel, `"statement" or "row"`},
 		{"tables on one topic", func(c connect.Config) { c[KeyTables] = `s."my table",s.my_table` }, KeyTables, `would go to topics that Kafka takes for the same ("tc.s.my_table"`},
 		{"topics that differ in '.' against '_'", func(c connect.Config) { c[KeyTables] = `s.my_table,s."my.table"` }, KeyTables, `would go to topics that Kafka takes for the same ("tc.s.my.table"`},
 		{"names cut at the topic length", func(c connect.Config) {
