@@ -239,7 +239,13 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                  WHERE a.relid <> c.oid), '{}'),
        coalesce((SELECT array_agg(ac.relname::text ORDER BY a.level) FROM pg_catalog.pg_partition_ancestors(c.oid) WITH ORDINALITY AS a(relid, level)
                  JOIN pg_catalog.pg_class ac ON ac.oid = a.relid
-                 WHERE a.relid <> c.oid), '{}')
+                 WHERE a.relid <> c.oid), '{}'),
+       -- creating a partitioned table's row trigger clones it onto every
+       -- partition, which needs TRIGGER there too
+       coalesce((SELECT array_agg('"' || pg_catalog.replace(pns.nspname, '"', '""') || '"."' || pg_catalog.replace(pc.relname, '"', '""') || '"' ORDER BY pt.level, pc.relname)
+                 FROM pg_catalog.pg_partition_tree(c.oid) AS pt
+                 JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
+                 WHERE pt.relid <> c.oid AND NOT has_table_privilege(pt.relid, 'TRIGGER')), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
@@ -262,8 +268,9 @@ ORDER BY t.i`, schemas, tables)
 			children       bool
 			parent         *string
 			ancSch, ancTab []string
+			noTrigger      []string // partitions without TRIGGER privilege
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &user, &children, &parent, &ancSch, &ancTab); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &user, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -298,6 +305,9 @@ ORDER BY t.i`, schemas, tables)
 			}
 			if !trig {
 				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s (or connect as the table's owner)", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
+			}
+			for _, p := range noTrigger {
+				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on %s, a partition of %s (its capture trigger is copied onto every partition): GRANT TRIGGER ON %s TO %s (or connect as the owner)", pgx.Identifier{user}.Sanitize(), p, t.quoted(), p, pgx.Identifier{user}.Sanitize()))
 			}
 		}
 	}
@@ -641,12 +651,14 @@ SELECT current_database()::text,
 
 	// Triggers. Statement-level capture (one trigger per event) on plain
 	// tables; row-level capture (one trigger for INSERT, UPDATE and DELETE,
-	// passed the table's name) on partitioned tables and partitions; the
-	// statement-level TRUNCATE trigger on both (docs/decisions/0048).
+	// passed the table's name) on partitioned tables and partitions, and on
+	// every table under capture.level = row; the statement-level TRUNCATE
+	// trigger on all (docs/decisions/0048).
 	captureTriggers := []string{n.trigger("INSERT"), n.trigger("UPDATE"), n.trigger("DELETE"), n.trigger("TRUNCATE"), n.rowTrigger}
+	rowTriggers := []string{n.rowTrigger, n.trigger("TRUNCATE")}
 	wantedTriggers := func(t tableName) []string {
 		if rowLevel[t.quoted()] {
-			return []string{n.rowTrigger, n.trigger("TRUNCATE")}
+			return rowTriggers
 		}
 		return captureTriggers[:4]
 	}
@@ -654,9 +666,31 @@ SELECT current_database()::text,
 	if err != nil {
 		return err
 	}
-	if disabled, err := disabledTriggers(ctx, tx, captureTriggers, s.tables); err != nil {
-		return err
-	} else if len(disabled) > 0 {
+	// Only the triggers a table keeps: one about to be replaced by the
+	// other kind may be disabled.
+	var stmtTables, rowTables []tableName
+	for _, t := range s.tables {
+		if rowLevel[t.quoted()] {
+			rowTables = append(rowTables, t)
+		} else {
+			stmtTables = append(stmtTables, t)
+		}
+	}
+	var disabled []string
+	for _, set := range []struct {
+		trigs  []string
+		tables []tableName
+	}{{captureTriggers[:4], stmtTables}, {rowTriggers, rowTables}} {
+		if len(set.tables) == 0 {
+			continue
+		}
+		d, err := disabledTriggers(ctx, tx, set.trigs, set.tables)
+		if err != nil {
+			return err
+		}
+		disabled = append(disabled, d...)
+	}
+	if len(disabled) > 0 {
 		return fmt.Errorf("%s: capture triggers are disabled, so changes are not captured (nothing was changed): %s; enable them, or remove the tables", KeyTables, strings.Join(disabled, "; "))
 	}
 	if s.commitOrder {
@@ -683,6 +717,50 @@ SELECT current_database()::text,
 		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
 		return add("0004_table_triggers.down.sql", "", tv)
 	}
+	createTrigger := func(t tableName, trig string) error {
+		tv := v
+		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
+		if trig == n.rowTrigger {
+			tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
+			return add("0006_row_capture.up.sql", "trigger", tv)
+		}
+		return add("0004_table_triggers.up.sql", triggerEvents[slices.Index(captureTriggers, trig)], tv)
+	}
+	purge := func(t tableName) {
+		fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name))
+	}
+
+	// Row triggers whose arguments name another table (it was renamed
+	// since) file its changes under the old name: re-create them with the
+	// current one, then move the changes filed under the old name to it.
+	// In that order: dropping the trigger waits for the writers in flight,
+	// and after it nothing files under the old name any more. First of
+	// all, so that no purge below takes those changes for a removed
+	// table's. Not when the old name is configured too: whose changes are
+	// filed under it can no longer be told apart.
+	staleArgs, err := rowTriggersWithStaleArgs(ctx, tx, n.rowTrigger, s.tables, rowLevel)
+	if err != nil {
+		return err
+	}
+	purged := map[string]bool{}
+	for _, t := range s.tables {
+		old, ok := staleArgs[t.quoted()]
+		if !ok || !ours(t.quoted()+" "+n.rowTrigger) {
+			continue
+		}
+		if err := dropTrigger(t, n.rowTrigger); err != nil {
+			return err
+		}
+		if err := createTrigger(t, n.rowTrigger); err != nil {
+			return err
+		}
+		if !configured[old.quoted()] {
+			fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
+				v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
+			purged[old.quoted()] = true // nothing left to purge
+		}
+		h.Logger.Info("re-created a row-level capture trigger that named the table's earlier name; its waiting changes now go under the current one", "table", t.String(), "earlier", old.String())
+	}
 
 	// Drops come before creations: a partition whose partitioned table is
 	// no longer captured carries a clone of the old row trigger until that
@@ -690,7 +768,6 @@ SELECT current_database()::text,
 	//
 	// Triggers of tables no longer configured: drop (if still ours) and
 	// purge their undelivered changes, which no task reads any more.
-	purged := map[string]bool{}
 	for _, r := range before {
 		// The order trigger lives on the audit table, which is never a
 		// configured table: provisionOrder decides about it.
@@ -717,21 +794,21 @@ SELECT current_database()::text,
 		}
 		if !purged[t.quoted()] {
 			purged[t.quoted()] = true
-			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name))
+			purge(t)
 		}
 		removed = append(removed, r)
 	}
 
 	// Capture triggers on tables that are not configured under their
 	// current name (renamed since, or never listed) would go on filling the
-	// audit table with changes no task reads: drop them and their changes.
+	// audit table with changes no task reads: drop them and their changes,
+	// which a row trigger files under the name its arguments give.
 	for _, fn := range []struct {
-		name   string
 		ours   bool
 		quoted string
 	}{
-		{n.function, functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
-		{n.rowFunction, rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
+		{functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
+		{rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
 	} {
 		if !fn.ours {
 			continue
@@ -743,40 +820,35 @@ SELECT current_database()::text,
 		for _, st := range stray {
 			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?)", "table", st.table.String(), "trigger", st.trigger)
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{st.trigger}.Sanitize(), st.table.quoted())
-			if !purged[st.table.quoted()] {
-				purged[st.table.quoted()] = true
-				fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name))
+			filedAs := st.table
+			if len(st.args) == 2 {
+				filedAs = tableName{st.args[0], st.args[1]}
+			}
+			if !purged[filedAs.quoted()] && !configured[filedAs.quoted()] {
+				purged[filedAs.quoted()] = true
+				purge(filedAs)
 			}
 		}
 	}
 
-	// Row triggers whose arguments name another table (the table was
-	// renamed) would file its changes under the old name: re-create them.
-	staleArgs, err := rowTriggersWithStaleArgs(ctx, tx, n.rowTrigger, s.tables, rowLevel)
-	if err != nil {
-		return err
-	}
+	// A table that became partitioned, a partition, or a plain table again
+	// since its triggers were made (or capture.level changed) gets the
+	// other kind: drop the kind it no longer needs.
 	for _, t := range s.tables {
 		wanted := wantedTriggers(t)
 		for _, trig := range captureTriggers {
 			key := t.quoted() + " " + trig
-			if _, ok := existing[key]; !ok {
-				continue
-			}
-			stale := trig == n.rowTrigger && staleArgs[t.quoted()]
-			if slices.Contains(wanted, trig) && !stale {
+			if _, ok := existing[key]; !ok || slices.Contains(wanted, trig) {
 				continue
 			}
 			if !ours(key) {
 				continue // someone else's: theirs to keep
 			}
-			// A table that became partitioned, a partition or a plain table
-			// again since its triggers were made, or a stale row trigger.
 			if err := dropTrigger(t, trig); err != nil {
 				return err
 			}
 			delete(existing, key)
-			if r := triggerRes(db, t, trig); !slices.Contains(wanted, trig) && slices.Contains(before, r) {
+			if r := triggerRes(db, t, trig); slices.Contains(before, r) {
 				removed = append(removed, r)
 			}
 		}
@@ -798,17 +870,7 @@ SELECT current_database()::text,
 			if err := own(triggerRes(db, t, trig)); err != nil {
 				return err
 			}
-			tv := v
-			tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
-			if trig == n.rowTrigger {
-				tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
-				if err := add("0006_row_capture.up.sql", "trigger", tv); err != nil {
-					return err
-				}
-				continue
-			}
-			event := triggerEvents[slices.Index(captureTriggers, trig)]
-			if err := add("0004_table_triggers.up.sql", event, tv); err != nil {
+			if err := createTrigger(t, trig); err != nil {
 				return err
 			}
 		}
@@ -985,8 +1047,9 @@ ORDER BY 1`, schemas, tables, trigNames, []string{n.function, n.rowFunction}, s.
 		return "", nil
 	}
 	old := pgx.Identifier{others[0], n.function}.Sanitize() + "()"
-	return fmt.Sprintf("the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q. To move: delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again; objects left by a deletion with %s=false are no longer the connector's: drop them first (DROP FUNCTION %s CASCADE drops the capture triggers with it)",
-		others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete, KeyCleanupOnDelete, old), nil
+	oldRow := pgx.Identifier{others[0], n.rowFunction}.Sanitize() + "()"
+	return fmt.Sprintf("the connector's capture triggers write to the audit table in schema %q, not %q (nothing was changed): set %s back to %q. To move: delete the connector with %s=true (its undelivered changes are dropped with the old audit table) and create it again; objects left by a deletion with %s=false are no longer the connector's: drop them first (DROP FUNCTION IF EXISTS %s CASCADE; DROP FUNCTION IF EXISTS %s CASCADE drops the capture triggers with them)",
+		others[0], s.auditSchema, KeyAuditSchema, others[0], KeyCleanupOnDelete, KeyCleanupOnDelete, old, oldRow), nil
 }
 
 // provisionOrder installs the commit-order function and its trigger on the
@@ -1099,10 +1162,11 @@ ORDER BY 1, 2, 3`, schemas, names, trigNames)
 	return out, rows.Err()
 }
 
-// callingTrigger is a trigger and the table it is on.
+// callingTrigger is a trigger, the table it is on and its arguments.
 type callingTrigger struct {
 	table   tableName
 	trigger string
+	args    []string
 }
 
 // triggersCalling lists the triggers that call function fn (quoted, with
@@ -1113,7 +1177,7 @@ func triggersCalling(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, skip map[string]bool) ([]callingTrigger, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, tg.tgname::text
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs
 FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
@@ -1127,9 +1191,11 @@ ORDER BY 1, 2, 3`, fn)
 	var out []callingTrigger
 	for rows.Next() {
 		var ct callingTrigger
-		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger); err != nil {
+		var args []byte
+		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args); err != nil {
 			return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
 		}
+		ct.args = triggerArgs(args)
 		if !skip[ct.table.quoted()] {
 			out = append(out, ct)
 		}
@@ -1137,13 +1203,13 @@ ORDER BY 1, 2, 3`, fn)
 	return out, rows.Err()
 }
 
-// rowTriggersWithStaleArgs reports the tables among rowLevel (quoted
-// names) whose row trigger trig passes another table's name than their
-// own: it was created before the table was renamed, and would file the
-// table's changes under the old name.
+// rowTriggersWithStaleArgs maps the tables among rowLevel (quoted names)
+// whose row trigger trig passes another table's name than their own to
+// that name: the trigger was created before the table was renamed, and
+// files the table's changes under the old name.
 func rowTriggersWithStaleArgs(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, trig string, tables []tableName, rowLevel map[string]bool) (map[string]bool, error) {
+}, trig string, tables []tableName, rowLevel map[string]bool) (map[string]tableName, error) {
 	var rl []tableName
 	for _, t := range tables {
 		if rowLevel[t.quoted()] {
@@ -1164,19 +1230,31 @@ JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tg
 		return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
 	}
 	defer rows.Close()
-	stale := map[string]bool{}
+	stale := map[string]tableName{}
 	for rows.Next() {
 		var t tableName
 		var args []byte
 		if err := rows.Scan(&t.Schema, &t.Name, &args); err != nil {
 			return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
 		}
-		// tgargs holds each argument followed by a NUL byte.
-		if string(args) != t.Schema+"\x00"+t.Name+"\x00" {
-			stale[t.quoted()] = true
+		if a := triggerArgs(args); len(a) != 2 || a[0] != t.Schema || a[1] != t.Name {
+			old := tableName{}
+			if len(a) == 2 {
+				old = tableName{a[0], a[1]}
+			}
+			stale[t.quoted()] = old
 		}
 	}
 	return stale, rows.Err()
+}
+
+// triggerArgs splits pg_trigger.tgargs, which holds each argument followed
+// by a NUL byte.
+func triggerArgs(b []byte) []string {
+	if len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 }
 
 // triggerMarkerSQL is a trigger's ownership marker: marker itself when the
@@ -1295,7 +1373,10 @@ SELECT x.s, x.t, x.n, `+triggerMarkerSQL+`
 FROM unnest($2::text[], $3::text[], $4::text[]) AS x(s, t, n)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
-JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n`, n.marker, trigS, trigT, trigN)
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = x.n
+-- a clone of a partitioned table's trigger is not the ledger's entry: it
+-- goes with its parent, and cannot be dropped alone
+WHERE tg.tgparentid = 0`, n.marker, trigS, trigT, trigN)
 		if err != nil {
 			return fmt.Errorf("inspecting triggers: %w", err)
 		}

@@ -166,6 +166,10 @@ func shapeChanged(err error) bool {
 		strings.HasPrefix(pe.Code, "22"), // data exception: a narrower varchar, a renamed enum label, ...
 		strings.HasPrefix(pe.Code, "23"): // integrity: a domain's new CHECK
 		return true
+	case pe.Code == "XX000" && strings.Contains(pe.Message, "cache lookup failed for type"):
+		// The row type the task had read is gone: its table (a partition,
+		// say) was dropped since.
+		return true
 	}
 	return false
 }

@@ -202,7 +202,11 @@ func TestPartitionedTableReconfigured(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Changes from before and after the rename, waiting when the
+	// configuration follows it, come out under the new name.
+	mustExec(t, db, `INSERT INTO `+qualified(s, "part")+` VALUES (10, 'before the rename')`)
 	mustExec(t, db, `ALTER TABLE `+p+` RENAME TO q`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "part")+` VALUES (11, 'after the rename')`)
 	q := qualified(s, "q")
 	r = startConnector(t, baseConfig(name, url, audit, s+".q", s+".plain"), l)
 	wantTriggers := []string{
@@ -214,7 +218,9 @@ func TestPartitionedTableReconfigured(t *testing.T) {
 		t.Errorf("triggers %v, want %v", tr, wantTriggers)
 	}
 	mustExec(t, db, `INSERT INTO `+qualified(s, "part")+` VALUES (1, 'renamed')`)
-	checkChanges(t, r.collect(1, true), "tc."+s+".q", s, "q", []wantChange{
+	checkChanges(t, r.collect(3, true), "tc."+s+".q", s, "q", []wantChange{
+		{"c", `{"id":10}`, "null", `{"id":10,"v":"before the rename"}`},
+		{"c", `{"id":11}`, "null", `{"id":11,"v":"after the rename"}`},
 		{"c", `{"id":1}`, "null", `{"id":1,"v":"renamed"}`},
 	})
 	r.quiet()
@@ -229,7 +235,9 @@ func TestPartitionedTableReconfigured(t *testing.T) {
 	}
 
 	// Only the partition: the row trigger replaces its statement-level
-	// ones (and q's clone of the row trigger goes with q's trigger).
+	// ones (and q's clone of the row trigger goes with q's trigger). One of
+	// them disabled does not matter: it goes.
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "plain")+` DISABLE TRIGGER `+pgx.Identifier{objectNames(name).trigger("INSERT")}.Sanitize())
 	r = startConnector(t, baseConfig(name, url, audit, s+".plain"), l)
 	defer func() {
 		if err := r.stop(true); err != nil {
@@ -320,4 +328,91 @@ func TestAuditTableGainsImageColumns(t *testing.T) {
 	got := r.collect(2, true)
 	checkChanges(t, got[:1], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":1}`, "null", `{"id":1}`}})
 	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+}
+
+// TestCaptureFunctionsOnlyForTriggers: writers need no privilege on the
+// capture functions (their triggers fire regardless), and a role that may
+// create tables and triggers of its own cannot hang them on its tables to
+// feed the connector changes under a captured table's name.
+func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	audit := auditSchemaFor(t, db)
+	r := startConnector(t, baseConfig(testenv.Unique("nofeed-"), url, audit, s+".plain", s+".p"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	role := testenv.Unique("pga_writer_")
+	rid := pgx.Identifier{role}.Sanitize()
+	mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
+		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
+	})
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
+	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+rid)
+	mustExec(t, db, `GRANT INSERT ON `+qualified(s, "plain")+`, `+qualified(s, "p")+`, `+qualified(s, "p1")+` TO `+rid)
+	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
+	if roleURL == url {
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
+	}
+	w, err := pgx.Connect(ctx, roleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+
+	if _, err := w.Exec(ctx, `CREATE TABLE `+qualified(s, "mine")+` (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	n := objectNames(r.name)
+	for _, fn := range []string{
+		qualified(audit, n.function) + `()`,
+		qualified(audit, n.rowFunction) + `(` + quoteLiteral(s) + `, 'p')`,
+	} {
+		_, err := w.Exec(ctx, `CREATE TRIGGER feed AFTER INSERT ON `+qualified(s, "mine")+` FOR EACH ROW EXECUTE FUNCTION `+fn)
+		if err == nil || !strings.Contains(err.Error(), "permission denied for function") {
+			t.Errorf("another role hung %s on a table of its own: %v", fn, err)
+		}
+	}
+	if _, err := w.Exec(ctx, `INSERT INTO `+qualified(s, "plain")+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Exec(ctx, `INSERT INTO `+qualified(s, "p1")+` VALUES (2)`); err != nil {
+		t.Fatal(err)
+	}
+	got := r.collect(2, true)
+	r.quiet()
+	checkChanges(t, got[:1], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":1}`, "null", `{"id":1}`}})
+	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+}
+
+// TestDroppedPartitionChangesDelivered: changes of a partition dropped
+// before they were delivered come out, read with the partitioned table's
+// columns, also when the task had read that partition's row type before.
+func TestDroppedPartitionChangesDelivered(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "old")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "new")+` PARTITION OF `+p+` FOR VALUES FROM (10) TO (20)`)
+	r := startConnector(t, baseConfig(testenv.Unique("dropped-"), url, auditSchemaFor(t, db), s+".p"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (1, 'a')`)
+	r.collect(1, true) // the task now knows old's row type
+	mustExec(t, db, `DELETE FROM `+p+` WHERE id = 1`)
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (2, 'b'), (11, 'c')`)
+	mustExec(t, db, `DROP TABLE `+qualified(s, "old"))
+	got := r.collect(3, true)
+	r.quiet()
+	checkChanges(t, got, "tc."+s+".p", s, "p", []wantChange{
+		{"d", `{"id":1}`, `{"id":1,"v":"a"}`, "null"},
+		{"c", `{"id":2}`, "null", `{"id":2,"v":"b"}`},
+		{"c", `{"id":11}`, "null", `{"id":11,"v":"c"}`},
+	})
 }

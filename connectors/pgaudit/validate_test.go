@@ -26,6 +26,8 @@ func TestBadConfig(t *testing.T) {
 	// but not together; inheritance is not capturable at all.
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "parted")+` (id int) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "part1")+` PARTITION OF `+qualified(s, "parted")+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "rparted")+` (id int) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "rpart1")+` PARTITION OF `+qualified(s, "rparted")+` FOR VALUES FROM (0) TO (10)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "base")+` (id int)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "kid")+` () INHERITS (`+qualified(s, "base")+`)`)
 	// A login role (trust auth, no password) that may not read "secret".
@@ -38,6 +40,8 @@ func TestBadConfig(t *testing.T) {
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+pgx.Identifier{role}.Sanitize())
 	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "ok")+` TO `+pgx.Identifier{role}.Sanitize())
 	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "secret")+` TO `+pgx.Identifier{role}.Sanitize())
+	// TRIGGER on the partitioned table, not on its partition.
+	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "rparted")+` TO `+pgx.Identifier{role}.Sanitize())
 	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
 	if roleURL == url {
 		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
@@ -54,6 +58,7 @@ func TestBadConfig(t *testing.T) {
 		{"not a table", url, s + ".v", KeyTables, "is not a table"},
 		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`},
 		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege"},
+		{"no TRIGGER permission on a partition", roleURL, s + ".rparted", KeyTables, `no TRIGGER privilege on "` + s + `"."rpart1", a partition of "` + s + `"."rparted"`},
 		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1"},
 		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
 		{"unterminated quote", url, `"` + s + `.ok`, KeyTables, "unterminated"},

@@ -11,3 +11,7 @@ CREATE OR REPLACE FUNCTION {{.Function}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS {{.Body}};
 COMMENT ON FUNCTION {{.Function}}() IS {{.Marker}};
+-- Only triggers call it; a trigger fires whatever its writer's privileges,
+-- but creating one needs EXECUTE. Without this revoke any role could hang
+-- the function on a table of its own and feed the connector changes.
+REVOKE EXECUTE ON FUNCTION {{.Function}}() FROM PUBLIC;

@@ -8,6 +8,10 @@ CREATE OR REPLACE FUNCTION {{.Order}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS {{.Body}};
 COMMENT ON FUNCTION {{.Order}}() IS {{.Marker}};
+-- Only triggers call it; a trigger fires whatever its writer's privileges,
+-- but creating one needs EXECUTE. Without this revoke any role could hang
+-- the function on a table of its own and feed the connector changes.
+REVOKE EXECUTE ON FUNCTION {{.Order}}() FROM PUBLIC;
 {{define "trigger"}}CREATE CONSTRAINT TRIGGER {{.Trigger}} AFTER INSERT ON {{.Table}}
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION {{.Order}}();

@@ -3,7 +3,11 @@
 -- statement names, so they would miss writes that name a partition, or go
 -- through a parent into a captured partition. A row-level trigger on a
 -- partitioned table is cloned onto each of its partitions, those attached
--- or created later included, and fires wherever the row lands.
+-- or created later included, and fires wherever the row lands, whichever
+-- table an INSERT, UPDATE or DELETE names. TRUNCATE triggers are
+-- statement-level and not cloned: a TRUNCATE that names one partition of a
+-- captured partitioned table is not captured (as with DETACH or DROP of a
+-- partition, and as in PostgreSQL's logical replication).
 -- The trigger's arguments name the configured table the changes belong to;
 -- TG_TABLE_* name the partition, whose row type the images have.
 -- SECURITY DEFINER with a fixed search_path, as the statement-level function.
@@ -11,6 +15,10 @@ CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS {{.Body}};
 COMMENT ON FUNCTION {{.RowFunction}}() IS {{.Marker}};
+-- Only triggers call it; a trigger fires whatever its writer's privileges,
+-- but creating one needs EXECUTE. Without this revoke any role could hang
+-- the function on a table of its own and feed the connector changes.
+REVOKE EXECUTE ON FUNCTION {{.RowFunction}}() FROM PUBLIC;
 {{define "trigger"}}CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
     FOR EACH ROW EXECUTE FUNCTION {{.RowFunction}}({{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}});
 COMMENT ON TRIGGER {{.Trigger}} ON {{.Captured}} IS {{.Marker}};{{end}}
