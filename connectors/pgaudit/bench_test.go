@@ -29,15 +29,15 @@ const benchRows = 200_000
 // benchTables creates an uncaptured and a captured table of identical shape
 // and starts a connector (with its task LISTENing, as in production) on the
 // captured one.
-// order is the capture.order (empty: the default).
-func benchTables(b *testing.B, db *pgxpool.Pool, url, order string) (plain, captured string, r *running) {
+// extra holds configuration keys to set (capture.order, capture.level).
+func benchTables(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config) (plain, captured string, r *running) {
 	s := newSchema(b, db)
 	plain, captured = qualified(s, "plain"), qualified(s, "captured")
 	mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)
 	mustExec(b, db, `CREATE TABLE `+captured+` `+benchColumns)
 	cfg := baseConfig(testenv.Unique("bench-"), url, auditSchemaFor(b, db), s+".captured")
-	if order != "" {
-		cfg[KeyCaptureOrder] = order
+	for k, v := range extra {
+		cfg[k] = v
 	}
 	r = startConnector(b, cfg, connect.NewMemoryLedger())
 	b.Cleanup(func() { _ = r.stop(true) })
@@ -81,20 +81,25 @@ func insertSQL(table string) string {
 func BenchmarkWriteOverhead(b *testing.B) {
 	db, url := admin(b)
 
-	// The bulk statements under the default order and under capture.order =
-	// commit, which renumbers each statement's audit rows at COMMIT.
-	for _, order := range []string{"", orderCommit} {
-		suffix := ""
-		if order != "" {
-			suffix = "_" + order + "_order"
-		}
+	// The bulk statements under the defaults, under capture.order = commit,
+	// which renumbers each statement's audit rows at COMMIT, and under
+	// capture.level = row, one trigger call and audit row per changed row.
+	for _, v := range []struct {
+		suffix string
+		extra  connect.Config
+	}{
+		{"", nil},
+		{"_commit_order", connect.Config{KeyCaptureOrder: orderCommit}},
+		{"_row_level", connect.Config{KeyCaptureLevel: levelRow}},
+	} {
+		suffix, extra := v.suffix, v.extra
 		b.Run("bulk_insert_200k"+suffix, func(b *testing.B) {
-			plain, captured, r := benchTables(b, db, url, order)
+			plain, captured, r := benchTables(b, db, url, extra)
 			bulkInsertRounds(b, db, plain, captured, auditTable(r))
 		})
 
 		b.Run("bulk_update_200k"+suffix, func(b *testing.B) {
-			plain, captured, r := benchTables(b, db, url, order)
+			plain, captured, r := benchTables(b, db, url, extra)
 			mustExec(b, db, insertSQL(plain))
 			mustExec(b, db, insertSQL(captured))
 			var tp, tc time.Duration
@@ -148,14 +153,16 @@ END $$`)
 	// capturing commits (docs/decisions/0046).
 	for _, v := range []struct {
 		name     string
-		order    string
+		extra    connect.Config
 		consumed bool
 	}{
-		{"single_row_tx_4_clients", "", false},
-		{"single_row_tx_4_clients_consumed", "", true},
-		{"single_row_tx_4_clients_commit_order", orderCommit, false},
+		{"single_row_tx_4_clients", nil, false},
+		{"single_row_tx_4_clients_consumed", nil, true},
+		{"single_row_tx_4_clients_commit_order", connect.Config{KeyCaptureOrder: orderCommit}, false},
+		{"single_row_tx_4_clients_row_level", connect.Config{KeyCaptureLevel: levelRow}, false},
+		{"single_row_tx_4_clients_row_level_consumed", connect.Config{KeyCaptureLevel: levelRow}, true},
 	} {
-		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.order, v.consumed) })
+		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.extra, v.consumed) })
 	}
 
 	b.Run("single_row_tx_4_clients_partitioned", func(b *testing.B) {
@@ -202,8 +209,8 @@ func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log strin
 	report(b, tp, tc)
 }
 
-func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url, order string, consumed bool) {
-	plain, captured, r := benchTables(b, db, url, order)
+func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed bool) {
+	plain, captured, r := benchTables(b, db, url, extra)
 	if consumed {
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup

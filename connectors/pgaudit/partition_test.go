@@ -416,3 +416,58 @@ func TestDroppedPartitionChangesDelivered(t *testing.T) {
 		{"c", `{"id":11}`, "null", `{"id":11,"v":"c"}`},
 	})
 }
+
+// TestRowCaptureIgnoresSearchPath: the row-level capture function is
+// SECURITY DEFINER without a fixed search_path (it runs per row, and the
+// SET clause is costly), so it must name nothing through the writer's
+// search_path. A writer whose search_path puts look-alike operators and
+// types first still gets its changes captured, and none of them runs.
+func TestRowCaptureIgnoresSearchPath(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	evil := newSchema(t, db)
+	e := pgx.Identifier{evil}.Sanitize()
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom2(a bigint, b integer) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom3(v text) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
+	for _, op := range []string{"=", "<>", ">", "<"} {
+		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = text, RIGHTARG = text, FUNCTION = `+e+`.boom)`)
+		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = `+e+`.boom2)`)
+	}
+	mustExec(t, db, `CREATE DOMAIN `+e+`.text AS pg_catalog.text CHECK (`+e+`.boom3(VALUE))`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	r := startConnector(t, baseConfig(testenv.Unique("searchpath-"), url, auditSchemaFor(t, db), s+".p"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The look-alikes work: an unqualified = in this session is theirs.
+	if _, err := conn.Exec(ctx, `SET search_path = `+e+`, pg_catalog, public`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT 'a'::pg_catalog.text = 'b'::pg_catalog.text`); err == nil || !strings.Contains(err.Error(), "hijacked") {
+		t.Fatalf("the look-alike = is not in effect: %v", err)
+	}
+	for _, sql := range []string{
+		`INSERT INTO ` + qualified(s, "p") + ` VALUES (1, 'a')`,
+		`UPDATE ` + qualified(s, "p") + ` SET v = 'b'`,
+		`DELETE FROM ` + qualified(s, "p1"),
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s with a hostile search_path: %v", sql, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `RESET search_path`); err != nil {
+		t.Fatal(err)
+	}
+	checkChanges(t, r.collect(3, true), "tc."+s+".p", s, "p", []wantChange{
+		{"c", `{"id":1}`, "null", `{"id":1,"v":"a"}`},
+		{"u", `{"id":1}`, `{"id":1,"v":"a"}`, `{"id":1,"v":"b"}`},
+		{"d", `{"id":1}`, `{"id":1,"v":"b"}`, "null"},
+	})
+}

@@ -1,11 +1,14 @@
 BEGIN
+    -- Runs with the writer's search_path (no SET clause, see the .up.sql):
+    -- every function, operator and table here is schema-qualified, and
+    -- there is no type name to resolve.
     -- One audit row per changed row. An UPDATE that moves a row into
     -- another partition fires DELETE on the old partition and INSERT on the
     -- new one, as PostgreSQL's logical replication reports it.
-    IF TG_OP = 'INSERT' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after, image_schema, image_table)
         VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'c', pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
-    ELSIF TG_OP = 'UPDATE' THEN
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after, image_schema, image_table)
         VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'u', pg_catalog.record_send(OLD), pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
     ELSE
@@ -14,7 +17,7 @@ BEGIN
     END IF;
     -- A wake-up only when a task waits for one (docs/decisions/0045); a
     -- transaction's identical notifications are sent once.
-    IF COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) > 0 THEN
+    IF COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) OPERATOR(pg_catalog.>) 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
     END IF;
     RETURN NULL;
