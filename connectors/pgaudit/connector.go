@@ -720,8 +720,8 @@ SELECT current_database()::text,
 	createTrigger := func(t tableName, trig string) error {
 		tv := v
 		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
+		tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
 		if trig == n.rowTrigger {
-			tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
 			return add("0006_row_capture.up.sql", "trigger", tv)
 		}
 		return add("0004_table_triggers.up.sql", triggerEvents[slices.Index(captureTriggers, trig)], tv)
@@ -730,36 +730,45 @@ SELECT current_database()::text,
 		fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name))
 	}
 
-	// Row triggers whose arguments name another table (it was renamed
-	// since) file its changes under the old name: re-create them with the
-	// current one, then move the changes filed under the old name to it.
-	// In that order: dropping the trigger waits for the writers in flight,
-	// and after it nothing files under the old name any more. First of
-	// all, so that no purge below takes those changes for a removed
-	// table's. Not when the old name is configured too: whose changes are
-	// filed under it can no longer be told apart.
-	staleArgs, err := rowTriggersWithStaleArgs(ctx, tx, n.rowTrigger, s.tables, rowLevel)
+	// Capture triggers whose arguments name another table (it was renamed
+	// since; or none, made by an earlier version) file its changes under
+	// that name: re-create them with the current one, then move the
+	// changes filed under the old name to it. In that order: dropping the
+	// trigger waits for the writers in flight, and after it nothing files
+	// under the old name any more. First of all, so that no purge below
+	// takes those changes for a removed table's. Not when the old name is
+	// configured too: whose changes are filed under it can no longer be
+	// told apart (docs/decisions/0049).
+	staleArgs, err := triggersWithStaleArgs(ctx, tx, captureTriggers, s.tables)
 	if err != nil {
 		return err
 	}
 	purged := map[string]bool{}
 	for _, t := range s.tables {
-		old, ok := staleArgs[t.quoted()]
-		if !ok || !ours(t.quoted()+" "+n.rowTrigger) {
-			continue
+		moved := false
+		for _, trig := range wantedTriggers(t) {
+			key := t.quoted() + " " + trig
+			old, ok := staleArgs[key]
+			if !ok || !ours(key) {
+				continue
+			}
+			if err := dropTrigger(t, trig); err != nil {
+				return err
+			}
+			if err := createTrigger(t, trig); err != nil {
+				return err
+			}
+			if old == (tableName{}) || moved {
+				continue
+			}
+			moved = true
+			if !configured[old.quoted()] {
+				fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
+					v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
+				purged[old.quoted()] = true // nothing left to purge
+			}
+			h.Logger.Info("re-created the capture triggers of a table renamed since they were made; its waiting changes now go under its current name", "table", t.String(), "earlier", old.String())
 		}
-		if err := dropTrigger(t, n.rowTrigger); err != nil {
-			return err
-		}
-		if err := createTrigger(t, n.rowTrigger); err != nil {
-			return err
-		}
-		if !configured[old.quoted()] {
-			fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
-				v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
-			purged[old.quoted()] = true // nothing left to purge
-		}
-		h.Logger.Info("re-created a row-level capture trigger that named the table's earlier name; its waiting changes now go under the current one", "table", t.String(), "earlier", old.String())
 	}
 
 	// Drops come before creations: a partition whose partitioned table is
@@ -1203,46 +1212,39 @@ ORDER BY 1, 2, 3`, fn)
 	return out, rows.Err()
 }
 
-// rowTriggersWithStaleArgs maps the tables among rowLevel (quoted names)
-// whose row trigger trig passes another table's name than their own to
-// that name: the trigger was created before the table was renamed, and
-// files the table's changes under the old name.
-func rowTriggersWithStaleArgs(ctx context.Context, q interface {
+// triggersWithStaleArgs maps "<quoted table> <trigger>" of the triggers
+// named trigNames on tables whose arguments do not name the table they are
+// on to the table they name (the zero tableName when they pass none): they
+// were made before the table was renamed (or by an earlier version), and
+// file its changes under that name.
+func triggersWithStaleArgs(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, trig string, tables []tableName, rowLevel map[string]bool) (map[string]tableName, error) {
-	var rl []tableName
-	for _, t := range tables {
-		if rowLevel[t.quoted()] {
-			rl = append(rl, t)
-		}
-	}
-	if len(rl) == 0 {
-		return nil, nil
-	}
-	schemas, names := splitNames(rl)
+}, trigNames []string, tables []tableName) (map[string]tableName, error) {
+	schemas, names := splitNames(tables)
 	rows, err := q.Query(ctx, `
-SELECT x.s, x.t, tg.tgargs
+SELECT x.s, x.t, tg.tgname::text, tg.tgargs
 FROM unnest($1::text[], $2::text[]) AS x(s, t)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
 JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
-JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0`, schemas, names, trig)
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[]) AND tg.tgparentid = 0`, schemas, names, trigNames)
 	if err != nil {
-		return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
+		return nil, fmt.Errorf("inspecting the capture triggers' arguments: %w", err)
 	}
 	defer rows.Close()
 	stale := map[string]tableName{}
 	for rows.Next() {
 		var t tableName
+		var trig string
 		var args []byte
-		if err := rows.Scan(&t.Schema, &t.Name, &args); err != nil {
-			return nil, fmt.Errorf("inspecting the row-level capture triggers: %w", err)
+		if err := rows.Scan(&t.Schema, &t.Name, &trig, &args); err != nil {
+			return nil, fmt.Errorf("inspecting the capture triggers' arguments: %w", err)
 		}
 		if a := triggerArgs(args); len(a) != 2 || a[0] != t.Schema || a[1] != t.Name {
 			old := tableName{}
 			if len(a) == 2 {
 				old = tableName{a[0], a[1]}
 			}
-			stale[t.quoted()] = old
+			stale[t.quoted()+" "+trig] = old
 		}
 	}
 	return stale, rows.Err()

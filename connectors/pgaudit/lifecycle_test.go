@@ -327,15 +327,29 @@ func TestCapturedTableRenamed(t *testing.T) {
 	if err := startConnector(t, cfg, l).stop(false); err != nil {
 		t.Fatal(err)
 	}
+	// Changes from before and after the rename wait under the name the
+	// triggers were made with.
+	mustExec(t, db, `INSERT INTO `+qualified(s, "c")+` VALUES (1)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (10)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` RENAME TO b2`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "c")+` RENAME TO c2`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "c2")+` VALUES (2)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b2")+` VALUES (20)`)
 
-	// Reconfigured without b (now b2): its triggers go.
+	// Reconfigured without b (now b2): its triggers and changes go. c2's
+	// triggers are made again with its new name, and its waiting changes
+	// come out under it.
 	cfg[KeyTables] = s + ".a," + s + ".c2"
 	r := startConnector(t, cfg, l)
 	if n := triggerCount(t, db, s, "b2"); n != 0 {
 		t.Errorf("%d capture triggers left on the renamed, no longer configured table", n)
 	}
+	for i, c := range r.collect(2, true) {
+		if c.Topic != "tc."+s+".c2" || c.Source.Table != "c2" || c.Op != "c" || c.After["id"] != json.Number(fmt.Sprint(i+1)) {
+			t.Errorf("change %d of the renamed table: topic %s, table %s, %s %v", i, c.Topic, c.Source.Table, c.Op, c.After)
+		}
+	}
+	r.quiet()
 	mustExec(t, db, `INSERT INTO `+qualified(s, "b2")+` VALUES (1)`)
 	var rows int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+auditTable(r)).Scan(&rows); err != nil || rows != 0 {
@@ -485,7 +499,7 @@ func TestReconfigure(t *testing.T) {
 	l := connect.NewMemoryLedger()
 	cfg := baseConfig(testenv.Unique("reconf-"), url, audit, s+".a", s+".b")
 	r := startConnector(t, cfg, l)
-	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (1)`) // undelivered when b is removed
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (10)`) // undelivered when b is removed
 	if err := r.stop(false); err != nil {
 		t.Fatal(err)
 	}

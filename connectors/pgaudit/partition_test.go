@@ -302,13 +302,15 @@ func TestDisabledPartitionTriggerRefused(t *testing.T) {
 	}
 }
 
-// TestAuditTableGainsImageColumns: an audit table made before row-level
-// capture (without image_schema and image_table) gets them at Start, and
-// the undelivered changes in it are delivered.
-func TestAuditTableGainsImageColumns(t *testing.T) {
+// TestUpgradeFromEarlierLayout: objects made by an earlier version — an
+// audit table without image_schema and image_table, capture triggers that
+// pass no arguments — are brought up to date at Start, and the changes
+// waiting in the audit table are delivered.
+func TestUpgradeFromEarlierLayout(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	plain := qualified(s, "plain")
+	mustExec(t, db, `CREATE TABLE `+plain+` (id int PRIMARY KEY)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
 	name := testenv.Unique("upgrade-")
@@ -318,16 +320,36 @@ func TestAuditTableGainsImageColumns(t *testing.T) {
 	if err := r.stop(false); err != nil {
 		t.Fatal(err)
 	}
-	at := qualified(audit, objectNames(name).table)
+	n := objectNames(name)
+	// Triggers as an earlier version made them: no arguments.
+	fn := qualified(audit, n.function) + `()`
+	for _, e := range triggerEvents {
+		trig := pgx.Identifier{n.trigger(e)}.Sanitize()
+		mustExec(t, db, `DROP TRIGGER `+trig+` ON `+plain)
+		ref := map[string]string{"INSERT": `REFERENCING NEW TABLE AS tidyconnect_new`, "UPDATE": `REFERENCING OLD TABLE AS tidyconnect_old NEW TABLE AS tidyconnect_new`, "DELETE": `REFERENCING OLD TABLE AS tidyconnect_old`}[e]
+		mustExec(t, db, `CREATE TRIGGER `+trig+` AFTER `+e+` ON `+plain+` `+ref+` FOR EACH STATEMENT EXECUTE FUNCTION `+fn)
+	}
+	mustExec(t, db, `INSERT INTO `+plain+` VALUES (1)`)
+	// An audit table as an earlier version made it.
+	at := qualified(audit, n.table)
 	mustExec(t, db, `ALTER TABLE `+at+` DROP COLUMN image_schema, DROP COLUMN image_table`)
-	mustExec(t, db, `INSERT INTO `+qualified(s, "plain")+` VALUES (1)`)
 
 	r = startConnector(t, baseConfig(name, url, audit, s+".plain", s+".p"), l)
 	defer func() { _ = r.stop(true) }()
+	var stale int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND tgnargs <> 2`, plain).Scan(&stale); err != nil {
+		t.Fatal(err)
+	}
+	if stale != 0 {
+		t.Errorf("%d capture triggers still pass no arguments", stale)
+	}
 	mustExec(t, db, `INSERT INTO `+qualified(s, "p")+` VALUES (2)`)
-	got := r.collect(2, true)
+	mustExec(t, db, `INSERT INTO `+plain+` VALUES (3)`)
+	got := r.collect(3, true)
+	r.quiet()
 	checkChanges(t, got[:1], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":1}`, "null", `{"id":1}`}})
-	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+	checkChanges(t, got[1:2], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+	checkChanges(t, got[2:], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":3}`, "null", `{"id":3}`}})
 }
 
 // TestCaptureFunctionsOnlyForTriggers: writers need no privilege on the

@@ -2,7 +2,19 @@ DECLARE
     v_txid     xid8 := pg_catalog.pg_current_xact_id();
     v_rows     bigint := 0;
     v_work_mem text;
+    -- The configured table the changes belong to: the name the trigger
+    -- was made with (a trigger made before triggers had arguments: the
+    -- table it is on). When the table has another name now, the images
+    -- are of the table under that name (docs/decisions/0049).
+    v_schema     text := COALESCE(TG_ARGV[0], TG_TABLE_SCHEMA);
+    v_table      text := COALESCE(TG_ARGV[1], TG_TABLE_NAME);
+    v_img_schema text;
+    v_img_table  text;
 BEGIN
+    IF v_table <> TG_TABLE_NAME OR v_schema <> TG_TABLE_SCHEMA THEN
+        v_img_schema := TG_TABLE_SCHEMA;
+        v_img_table := TG_TABLE_NAME;
+    END IF;
     -- The first {{.Single}} changed rows of a statement get one audit row
     -- each (the cheapest shape for the many single-row statements); only a
     -- statement that changed more pays for grouping the rest, {{.Chunk}} rows
@@ -10,8 +22,8 @@ BEGIN
     -- arrays of record_send images (bytea[]): n.* rather than n names the
     -- whole row even when the table has a column called n.
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'c', pg_catalog.record_send(n.*)
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, after)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'c', pg_catalog.record_send(n.*)
         FROM tidyconnect_new n LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
@@ -19,8 +31,8 @@ BEGIN
             -- disk would cost more than the grouping saves.
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, after)
-            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'c', pg_catalog.count(*),
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, after)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'c', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
             WHERE g.rn > {{.Single}}
@@ -34,16 +46,16 @@ BEGIN
         -- both sides and joining them (about 7% more UPDATEs per second in
         -- pgbench, docs/pgaudit.md). Multi-array unnest is FROM-clause
         -- syntax and cannot be schema-qualified; search_path is pg_catalog.
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', u.o, u.n
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, before, after)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'u', u.o, u.n
         FROM unnest(ARRAY(SELECT pg_catalog.record_send(o.*) FROM tidyconnect_old o LIMIT {{.Single}}),
                     ARRAY(SELECT pg_catalog.record_send(n.*) FROM tidyconnect_new n LIMIT {{.Single}})) AS u(o, n);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, before, after)
-            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'u', o.cnt, o.img, n.img
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, before, after)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'u', o.cnt, o.img, n.img
             FROM (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
                          pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
                   FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
@@ -57,15 +69,15 @@ BEGIN
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before)
-        SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'd', pg_catalog.record_send(o.*)
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, before)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'd', pg_catalog.record_send(o.*)
         FROM tidyconnect_old o LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, before)
-            SELECT v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 'd', pg_catalog.count(*),
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, before)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'd', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
             WHERE g.rn > {{.Single}}
@@ -75,7 +87,7 @@ BEGIN
         END IF;
     ELSIF TG_OP = 'TRUNCATE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, op)
-        VALUES (v_txid, TG_TABLE_SCHEMA, TG_TABLE_NAME, 't');
+        VALUES (v_txid, v_schema, v_table, 't');
         v_rows := 1;
     END IF;
     -- A wake-up only, and only when a task is waiting for one: a NOTIFY
