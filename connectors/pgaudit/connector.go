@@ -228,6 +228,9 @@ func checkTables(ctx context.Context, q interface {
 SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
        coalesce(has_table_privilege(c.oid, 'SELECT'), false),
        coalesce(has_table_privilege(c.oid, 'TRIGGER'), false),
+       -- dropping a trigger (reconfiguration, deletion) and commenting on
+       -- one (the ownership marker) need the table owner's rights
+       coalesce(pg_has_role(c.relowner, 'USAGE'), false), coalesce(pg_get_userbyid(c.relowner)::text, ''),
        current_user::text,
        -- inheritance (not partitioning) children and parent
        EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class ch ON ch.oid = i.inhrelid
@@ -241,15 +244,17 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                  JOIN pg_catalog.pg_class ac ON ac.oid = a.relid
                  WHERE a.relid <> c.oid), '{}'),
        -- creating a partitioned table's row trigger clones it onto every
-       -- partition, which needs TRIGGER there too
+       -- partition, which needs TRIGGER there too (once it exists,
+       -- PostgreSQL copies it onto new partitions without asking)
        coalesce((SELECT array_agg('"' || pg_catalog.replace(pns.nspname, '"', '""') || '"."' || pg_catalog.replace(pc.relname, '"', '""') || '"' ORDER BY pt.level, pc.relname)
                  FROM pg_catalog.pg_partition_tree(c.oid) AS pt
                  JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
-                 WHERE pt.relid <> c.oid AND NOT has_table_privilege(pt.relid, 'TRIGGER')), '{}')
+                 WHERE pt.relid <> c.oid AND NOT has_table_privilege(pt.relid, 'TRIGGER')
+                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0)), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
-ORDER BY t.i`, schemas, tables)
+ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 	if err != nil {
 		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
@@ -264,13 +269,14 @@ ORDER BY t.i`, schemas, tables)
 			kind           *string
 			partition      bool
 			sel, trig      bool
-			user           string
+			owns           bool
+			owner, user    string
 			children       bool
 			parent         *string
 			ancSch, ancTab []string
 			noTrigger      []string // partitions without TRIGGER privilege
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &user, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -303,8 +309,11 @@ ORDER BY t.i`, schemas, tables)
 			if !sel {
 				problems = append(problems, fmt.Sprintf("role %s has no SELECT privilege on table %s: GRANT SELECT ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
 			}
-			if !trig {
-				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s (or connect as the table's owner)", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
+			switch {
+			case !owns:
+				problems = append(problems, fmt.Sprintf("role %s does not own table %s (creating, marking and dropping its capture triggers needs the owner's rights): connect as %s, or GRANT %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{user}.Sanitize()))
+			case !trig:
+				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
 			}
 			for _, p := range noTrigger {
 				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on %s, a partition of %s (its capture trigger is copied onto every partition): GRANT TRIGGER ON %s TO %s (or connect as the owner)", pgx.Identifier{user}.Sanitize(), p, t.quoted(), p, pgx.Identifier{user}.Sanitize()))
@@ -743,10 +752,14 @@ SELECT current_database()::text,
 	if err != nil {
 		return err
 	}
+	// Every stale trigger of ours goes, also one of the kind the table no
+	// longer gets (capture.level changed with the rename), so that none
+	// files under the old name after the move.
 	purged := map[string]bool{}
 	for _, t := range s.tables {
-		moved := false
-		for _, trig := range wantedTriggers(t) {
+		wanted := wantedTriggers(t)
+		var olds []tableName
+		for _, trig := range captureTriggers {
 			key := t.quoted() + " " + trig
 			old, ok := staleArgs[key]
 			if !ok || !ours(key) {
@@ -755,18 +768,27 @@ SELECT current_database()::text,
 			if err := dropTrigger(t, trig); err != nil {
 				return err
 			}
-			if err := createTrigger(t, trig); err != nil {
-				return err
+			if slices.Contains(wanted, trig) {
+				if err := createTrigger(t, trig); err != nil {
+					return err
+				}
+			} else {
+				delete(existing, key)
+				if r := triggerRes(db, t, trig); slices.Contains(before, r) {
+					removed = append(removed, r)
+				}
 			}
-			if old == (tableName{}) || moved {
+			if old != (tableName{}) && !slices.Contains(olds, old) {
+				olds = append(olds, old)
+			}
+		}
+		for _, old := range olds {
+			if configured[old.quoted()] {
 				continue
 			}
-			moved = true
-			if !configured[old.quoted()] {
-				fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
-					v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
-				purged[old.quoted()] = true // nothing left to purge
-			}
+			fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
+				v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
+			purged[old.quoted()] = true // nothing left to purge
 			h.Logger.Info("re-created the capture triggers of a table renamed since they were made; its waiting changes now go under its current name", "table", t.String(), "earlier", old.String())
 		}
 	}

@@ -353,20 +353,16 @@ func TestUpgradeFromEarlierLayout(t *testing.T) {
 }
 
 // TestCaptureFunctionsOnlyForTriggers: writers need no privilege on the
-// capture functions (their triggers fire regardless), and a role that may
-// create tables and triggers of its own cannot hang them on its tables to
-// feed the connector changes under a captured table's name.
+// audit objects (their triggers fire regardless); a role that owns a
+// captured partitioned table adds and attaches partitions (PostgreSQL
+// copies the row trigger, which needs EXECUTE on its function); and a role
+// that may create tables and triggers of its own cannot hang the capture
+// functions on its tables to feed the connector changes under a captured
+// table's name.
 func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 	db, url := admin(t)
 	ctx := testCtx(t)
 	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
-	audit := auditSchemaFor(t, db)
-	r := startConnector(t, baseConfig(testenv.Unique("nofeed-"), url, audit, s+".plain", s+".p"), connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-
 	role := testenv.Unique("pga_writer_")
 	rid := pgx.Identifier{role}.Sanitize()
 	mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
@@ -374,9 +370,17 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
 		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
 	})
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` OWNER TO `+rid)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p1")+` OWNER TO `+rid)
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
-	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+rid)
-	mustExec(t, db, `GRANT INSERT ON `+qualified(s, "plain")+`, `+qualified(s, "p")+`, `+qualified(s, "p1")+` TO `+rid)
+	mustExec(t, db, `GRANT INSERT ON `+qualified(s, "plain")+` TO `+rid)
+	audit := auditSchemaFor(t, db)
+	r := startConnector(t, baseConfig(testenv.Unique("nofeed-"), url, audit, s+".plain", s+".p"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
 	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
 	if roleURL == url {
 		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
@@ -386,30 +390,47 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close(context.Background())
-
-	if _, err := w.Exec(ctx, `CREATE TABLE `+qualified(s, "mine")+` (id int PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	n := objectNames(r.name)
-	for _, fn := range []string{
-		qualified(audit, n.function) + `()`,
-		qualified(audit, n.rowFunction) + `(` + quoteLiteral(s) + `, 'p')`,
-	} {
-		_, err := w.Exec(ctx, `CREATE TRIGGER feed AFTER INSERT ON `+qualified(s, "mine")+` FOR EACH ROW EXECUTE FUNCTION `+fn)
-		if err == nil || !strings.Contains(err.Error(), "permission denied for function") {
-			t.Errorf("another role hung %s on a table of its own: %v", fn, err)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := w.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	if _, err := w.Exec(ctx, `INSERT INTO `+qualified(s, "plain")+` VALUES (1)`); err != nil {
-		t.Fatal(err)
+	// Partition upkeep by the table's owner.
+	exec(`CREATE TABLE ` + qualified(s, "p2") + ` PARTITION OF ` + qualified(s, "p") + ` FOR VALUES FROM (10) TO (20)`)
+	exec(`CREATE TABLE ` + qualified(s, "p3") + ` (id int PRIMARY KEY)`)
+	exec(`ALTER TABLE ` + qualified(s, "p") + ` ATTACH PARTITION ` + qualified(s, "p3") + ` FOR VALUES FROM (20) TO (30)`)
+
+	exec(`CREATE TABLE ` + qualified(s, "mine") + ` (id int PRIMARY KEY)`)
+	n := objectNames(r.name)
+	feed := func(fn string) error {
+		_, err := w.Exec(ctx, `CREATE TRIGGER feed AFTER INSERT ON `+qualified(s, "mine")+` FOR EACH ROW EXECUTE FUNCTION `+fn)
+		return err
 	}
-	if _, err := w.Exec(ctx, `INSERT INTO `+qualified(s, "p1")+` VALUES (2)`); err != nil {
-		t.Fatal(err)
+	statementFn := qualified(audit, n.function) + `()`
+	rowFn := qualified(audit, n.rowFunction) + `(` + quoteLiteral(s) + `, 'plain')`
+	for _, fn := range []string{statementFn, rowFn} {
+		if err := feed(fn); err == nil || !strings.Contains(err.Error(), "permission denied for schema") {
+			t.Errorf("a role without USAGE on the audit schema hung %s on a table of its own: %v", fn, err)
+		}
 	}
-	got := r.collect(2, true)
+	// Even with USAGE on the audit schema, not the statement-level one.
+	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+rid)
+	if err := feed(statementFn); err == nil || !strings.Contains(err.Error(), "permission denied for function") {
+		t.Errorf("a role with USAGE on the audit schema hung %s on a table of its own: %v", statementFn, err)
+	}
+	mustExec(t, db, `REVOKE USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` FROM `+rid)
+
+	exec(`INSERT INTO ` + qualified(s, "plain") + ` VALUES (1)`)
+	exec(`INSERT INTO ` + qualified(s, "p") + ` VALUES (2), (12), (22)`)
+	got := r.collect(4, true)
 	r.quiet()
 	checkChanges(t, got[:1], "tc."+s+".plain", s, "plain", []wantChange{{"c", `{"id":1}`, "null", `{"id":1}`}})
-	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{{"c", `{"id":2}`, "null", `{"id":2}`}})
+	checkChanges(t, got[1:], "tc."+s+".p", s, "p", []wantChange{
+		{"c", `{"id":2}`, "null", `{"id":2}`},
+		{"c", `{"id":12}`, "null", `{"id":12}`},
+		{"c", `{"id":22}`, "null", `{"id":22}`},
+	})
 }
 
 // TestDroppedPartitionChangesDelivered: changes of a partition dropped
@@ -492,4 +513,41 @@ func TestRowCaptureIgnoresSearchPath(t *testing.T) {
 		{"u", `{"id":1}`, `{"id":1,"v":"a"}`, `{"id":1,"v":"b"}`},
 		{"d", `{"id":1}`, `{"id":1,"v":"b"}`, "null"},
 	})
+}
+
+// TestRenamedWhileSwitchingCaptureLevel: a table captured row by row,
+// renamed, then configured under its new name with capture.level back at
+// statement: the changes waiting under the old name (from before and after
+// the rename) come out under the new one, and the row trigger that filed
+// them is gone before they move.
+func TestRenamedWhileSwitchingCaptureLevel(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("relevel-")
+	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
+	cfg := baseConfig(name, url, audit, s+".a")
+	cfg[KeyCaptureLevel] = levelRow
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (1)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` RENAME TO b`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (2)`)
+
+	cfg = baseConfig(name, url, audit, s+".b")
+	r := startConnector(t, cfg, l)
+	defer func() { _ = r.stop(true) }()
+	want := []string{"b <base>_del false", "b <base>_ins false", "b <base>_trunc false", "b <base>_upd false"}
+	if tr := captureTriggersIn(t, testCtx(t), db, name, s); !reflect.DeepEqual(tr, want) {
+		t.Errorf("triggers %v, want %v", tr, want)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (3)`)
+	checkChanges(t, r.collect(3, true), "tc."+s+".b", s, "b", []wantChange{
+		{"c", `{"id":1}`, "null", `{"id":1}`},
+		{"c", `{"id":2}`, "null", `{"id":2}`},
+		{"c", `{"id":3}`, "null", `{"id":3}`},
+	})
+	r.quiet()
 }

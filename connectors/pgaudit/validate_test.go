@@ -38,10 +38,14 @@ func TestBadConfig(t *testing.T) {
 		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
 	})
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+pgx.Identifier{role}.Sanitize())
-	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "ok")+` TO `+pgx.Identifier{role}.Sanitize())
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "ok")+` OWNER TO `+pgx.Identifier{role}.Sanitize())
+	// Privileges are not enough: dropping and commenting on triggers needs
+	// the owner's rights.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "notmine")+` (id int)`)
+	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "notmine")+` TO `+pgx.Identifier{role}.Sanitize())
 	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "secret")+` TO `+pgx.Identifier{role}.Sanitize())
-	// TRIGGER on the partitioned table, not on its partition.
-	mustExec(t, db, `GRANT SELECT, TRIGGER ON `+qualified(s, "rparted")+` TO `+pgx.Identifier{role}.Sanitize())
+	// The partitioned table is the role's, its partition not.
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "rparted")+` OWNER TO `+pgx.Identifier{role}.Sanitize())
 	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
 	if roleURL == url {
 		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
@@ -58,6 +62,7 @@ func TestBadConfig(t *testing.T) {
 		{"not a table", url, s + ".v", KeyTables, "is not a table"},
 		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`},
 		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege"},
+		{"not the owner", roleURL, s + ".notmine", KeyTables, `role "` + role + `" does not own table "` + s + `"."notmine"`},
 		{"no TRIGGER permission on a partition", roleURL, s + ".rparted", KeyTables, `no TRIGGER privilege on "` + s + `"."rpart1", a partition of "` + s + `"."rparted"`},
 		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1"},
 		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
@@ -108,10 +113,23 @@ func TestBadConfig(t *testing.T) {
 		})
 	}
 
-	// The role may create in s (not a new schema), read and trigger "ok".
+	// The role may create in s (not a new schema) and owns "ok": that is
+	// enough to capture it, and to delete the connector.
 	t.Run("valid", func(t *testing.T) {
-		if errs := (&Connector{}).Validate(testCtx(t), baseConfig(testenv.Unique("good-"), roleURL, s, s+".ok")); len(errs) != 0 {
-			t.Errorf("Validate of a good config: %v", errs)
+		cfg := baseConfig(testenv.Unique("good-"), roleURL, s, s+".ok")
+		if errs := (&Connector{}).Validate(testCtx(t), cfg); len(errs) != 0 {
+			t.Fatalf("Validate of a good config: %v", errs)
+		}
+		r := startConnector(t, cfg, connect.NewMemoryLedger())
+		mustExec(t, db, `INSERT INTO `+qualified(s, "ok")+` VALUES (1)`)
+		if got := r.collect(1, true); got[0].Op != "c" {
+			t.Errorf("captured %+v", got[0])
+		}
+		if err := r.stop(true); err != nil {
+			t.Fatal(err)
+		}
+		if n := triggerCount(t, db, s, "ok"); n != 0 {
+			t.Errorf("%d triggers left after the deletion", n)
 		}
 	})
 }

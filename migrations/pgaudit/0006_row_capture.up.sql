@@ -21,10 +21,12 @@ CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS {{.Body}};
 COMMENT ON FUNCTION {{.RowFunction}}() IS {{.Marker}};
--- Only triggers call it; a trigger fires whatever its writer's privileges,
--- but creating one needs EXECUTE. Without this revoke any role could hang
--- the function on a table of its own and feed the connector changes.
-REVOKE EXECUTE ON FUNCTION {{.RowFunction}}() FROM PUBLIC;
+-- EXECUTE stays with PUBLIC, unlike the other functions': PostgreSQL
+-- checks it for whoever creates or attaches a partition of a captured
+-- partitioned table, as it copies the trigger onto the partition. Naming
+-- the function in a trigger of one's own needs USAGE on the audit schema,
+-- which the connector grants nobody (docs/decisions/0048).
+GRANT EXECUTE ON FUNCTION {{.RowFunction}}() TO PUBLIC;
 {{define "trigger"}}CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
     FOR EACH ROW EXECUTE FUNCTION {{.RowFunction}}({{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}});
 COMMENT ON TRIGGER {{.Trigger}} ON {{.Captured}} IS {{.Marker}};{{end}}
