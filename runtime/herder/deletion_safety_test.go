@@ -742,3 +742,54 @@ func TestDeleteThatCannotStartSaysSo(t *testing.T) {
 		t.Errorf("status after the refused DELETE = %+v %v, want RUNNING", st, err)
 	}
 }
+
+// TestCloseDoesNotWaitPastItsDeadlineForBackgroundWork: a deletion that a
+// DELETE stopped waiting for goes on in the background; when it is stuck
+// in something that ignores its context (here a hook standing in for a
+// store write that hangs), Close gives up waiting for it at its own
+// deadline and says so, instead of hanging the shutdown.
+func TestCloseDoesNotWaitPastItsDeadlineForBackgroundWork(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	name := testenv.Unique("stuck-bg-")
+	stuck, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil, withHook(func(point, connector string) {
+		if point == hookIntentWritten && connector == name {
+			close(stuck)
+			<-release
+		}
+	}))
+	ctx := testCtx(t)
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	hs.awaitRunning(name, 1)
+	dctx, cancel := context.WithCancel(ctx)
+	deleted := make(chan error, 1)
+	go func() { deleted <- hs.h.DeleteConnector(dctx, name) }()
+	<-stuck
+	cancel() // the request gives up; the deletion goes on in the background
+	if err := <-deleted; err == nil {
+		t.Fatal("DELETE returned nil while its deletion was stuck")
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer ccancel()
+	closed := make(chan error, 1)
+	go func() { closed <- hs.h.Close(cctx) }()
+	select {
+	case err := <-closed:
+		if err == nil || !strings.Contains(err.Error(), "background work still running") {
+			t.Errorf("Close = %v, want an error naming the background work", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close is still waiting for the stuck deletion long after its deadline")
+	}
+	// Let the deletion finish, and stop what Close had to leave running,
+	// before the test's directory goes.
+	once.Do(func() { close(release) })
+	hs.h.bgWG.Wait()
+	if err := hs.h.w.Close(ctx); err != nil {
+		t.Errorf("closing the worker after the release: %v", err)
+	}
+}

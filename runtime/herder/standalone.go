@@ -1709,7 +1709,9 @@ func (h *Standalone) requestReconfiguration(name string) {
 
 // Close stops the background retries, then every connector (tasks first,
 // never as a deletion), then the worker. The store stays open: its owner
-// closes it.
+// closes it. Background work that does not end by ctx's deadline (a
+// connector ignoring its context) is left running and reported in the
+// error, like a stuck task.
 func (h *Standalone) Close(ctx context.Context) error {
 	h.mu.Lock()
 	if h.closed {
@@ -1720,7 +1722,22 @@ func (h *Standalone) Close(ctx context.Context) error {
 	conns := slices.Collect(maps.Values(h.conns))
 	h.mu.Unlock()
 	h.bgCancel()
-	h.bgWG.Wait()
+	// Background work (a deletion a request gave up waiting for, a retry,
+	// a boot start) honours the cancel unless a connector ignores its
+	// context; then Close gives up at ctx's deadline, as it does for stuck
+	// tasks, rather than hang the process's shutdown.
+	var bgErr error
+	bgDone := make(chan struct{})
+	go func() {
+		h.bgWG.Wait()
+		close(bgDone)
+	}()
+	select {
+	case <-bgDone:
+	case <-ctx.Done():
+		h.log.Warn("background work (a deletion, its retry or a start at boot) is still running at shutdown; not waiting for it any longer")
+		bgErr = fmt.Errorf("herder: background work still running at shutdown: %w", ctx.Err())
+	}
 	// Concurrently: one connector whose stop is stuck (a task past its
 	// graceful timeout, a slow Stopped) must not use up ctx for the others.
 	var wg sync.WaitGroup
@@ -1736,7 +1753,7 @@ func (h *Standalone) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	if err := h.w.Close(ctx); err != nil {
-		return fmt.Errorf("herder: closing the worker: %w", err)
+		return errors.Join(bgErr, fmt.Errorf("herder: closing the worker: %w", err))
 	}
-	return nil
+	return bgErr
 }
