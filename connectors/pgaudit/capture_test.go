@@ -354,3 +354,18 @@ func TestLateCommitsWhileInFlight(t *testing.T) {
 	poll(5)
 	r.quiet()
 }
+
+// TestColumnNamedLikeTheDecoder: a table with a column called x (the
+// alias the task's decoding query gives each row) still comes out whole,
+// not as that column's value.
+func TestColumnNamedLikeTheDecoder(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "xs")+` (id int PRIMARY KEY, x text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("xcol-"), url, auditSchemaFor(t, db), s+".xs"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+qualified(s, "xs")+` VALUES (1, 'pre')`)
+	checkChanges(t, r.collect(1, true), "tc."+s+".xs", s, "xs", []wantChange{
+		{"c", `{"id":1}`, "null", `{"id":1,"x":"pre"}`},
+	})
+}

@@ -122,7 +122,7 @@ func decodeRowType(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs 
 	if m.arrayType == 0 {
 		return nil, &pgconn.PgError{Code: "42704", Message: "table " + m.table + " no longer exists"}
 	}
-	res := conn.ExecParams(ctx, `SELECT pg_catalog.to_json(x)::text FROM pg_catalog.unnest($1) AS x`,
+	res := conn.ExecParams(ctx, `SELECT pg_catalog.to_json(x.*)::text FROM pg_catalog.unnest($1) AS x`,
 		[][]byte{appendArray(nil, m.rowType, imgs)}, []uint32{m.arrayType}, []int16{1}, []int16{0}).Read()
 	if res.Err != nil {
 		return nil, res.Err
