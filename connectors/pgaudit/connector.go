@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -726,6 +727,9 @@ SELECT current_database()::text,
 		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
 		return add("0004_table_triggers.down.sql", "", tv)
 	}
+	// createTrigger is CREATE OR REPLACE: replacing a trigger whose
+	// arguments name an earlier table name locks writers out of the table
+	// (and waits for those in flight), but not readers.
 	createTrigger := func(t tableName, trig string) error {
 		tv := v
 		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
@@ -735,70 +739,95 @@ SELECT current_database()::text,
 		}
 		return add("0004_table_triggers.up.sql", triggerEvents[slices.Index(captureTriggers, trig)], tv)
 	}
-	purge := func(t tableName) {
-		fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name))
-	}
 
-	// Capture triggers whose arguments name another table (it was renamed
-	// since; or none, made by an earlier version) file its changes under
-	// that name: re-create them with the current one, then move the
-	// changes filed under the old name to it. In that order: dropping the
-	// trigger waits for the writers in flight, and after it nothing files
-	// under the old name any more. First of all, so that no purge below
-	// takes those changes for a removed table's. Not when the old name is
-	// configured too: whose changes are filed under it can no longer be
-	// told apart (docs/decisions/0049).
-	staleArgs, err := triggersWithStaleArgs(ctx, tx, captureTriggers, s.tables)
-	if err != nil {
-		return err
+	// Every trigger that calls the connector's functions files its changes
+	// under the name its arguments give (or, made by an earlier version
+	// without arguments, its table's name at the time). A table renamed
+	// since files under its earlier name (docs/decisions/0049). From the
+	// triggers, this Start works out where each name's waiting changes go:
+	// - a configured table's trigger: under the table's current name, so
+	//   the changes filed under its arguments' name move there;
+	// - a trigger on a table that is not configured (renamed, and the
+	//   configuration dropped it; or never listed): nowhere, its changes
+	//   are purged with it.
+	// The moves are one UPDATE, so swapped and chained renames come out
+	// right. Script order: drops and re-creations first (they wait for the
+	// writers in flight, and hold them off until commit, so nothing files
+	// under an old name afterwards), then purges, then the moves, then the
+	// triggers that are missing.
+	var calling []callingTrigger
+	for _, fn := range []struct {
+		ours   bool
+		quoted string
+	}{
+		{functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
+		{rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
+	} {
+		if !fn.ours {
+			continue
+		}
+		cs, err := triggersCalling(ctx, tx, fn.quoted+"()", nil)
+		if err != nil {
+			return err
+		}
+		calling = append(calling, cs...)
 	}
-	// Every stale trigger of ours goes, also one of the kind the table no
-	// longer gets (capture.level changed with the rename), so that none
-	// files under the old name after the move.
-	purged := map[string]bool{}
-	for _, t := range s.tables {
-		wanted := wantedTriggers(t)
-		var olds []tableName
-		for _, trig := range captureTriggers {
-			key := t.quoted() + " " + trig
-			old, ok := staleArgs[key]
-			if !ok || !ours(key) {
-				continue
-			}
-			if err := dropTrigger(t, trig); err != nil {
+	moveTo := map[tableName]tableName{} // name filed under -> current name
+	ambiguous := map[tableName]bool{}
+	filing := map[tableName]bool{} // names configured tables' triggers file under, unchanged
+	var strayFiled []tableName
+	for _, ct := range calling {
+		filedAs := ct.table
+		if len(ct.args) == 2 {
+			filedAs = tableName{ct.args[0], ct.args[1]}
+		}
+		if !configured[ct.table.quoted()] {
+			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
+			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted())
+			delete(existing, ct.table.quoted()+" "+ct.trigger)
+			strayFiled = append(strayFiled, filedAs)
+			continue
+		}
+		wanted := slices.Contains(wantedTriggers(ct.table), ct.trigger)
+		stale := len(ct.args) != 2 || filedAs != ct.table
+		switch {
+		case !wanted:
+			// The other kind (the table became partitioned, a partition,
+			// or a plain table again, or capture.level changed).
+			if err := dropTrigger(ct.table, ct.trigger); err != nil {
 				return err
 			}
-			if slices.Contains(wanted, trig) {
-				if err := createTrigger(t, trig); err != nil {
-					return err
-				}
-			} else {
-				delete(existing, key)
-				if r := triggerRes(db, t, trig); slices.Contains(before, r) {
-					removed = append(removed, r)
-				}
+			delete(existing, ct.table.quoted()+" "+ct.trigger)
+			if r := triggerRes(db, ct.table, ct.trigger); slices.Contains(before, r) {
+				removed = append(removed, r)
 			}
-			if old != (tableName{}) && !slices.Contains(olds, old) {
-				olds = append(olds, old)
+		case stale:
+			if err := createTrigger(ct.table, ct.trigger); err != nil {
+				return err
 			}
 		}
-		for _, old := range olds {
-			if configured[old.quoted()] {
-				continue
-			}
-			fmt.Fprintf(&script, "UPDATE %s SET schema_name = %s, table_name = %s WHERE schema_name = %s AND table_name = %s;\n",
-				v.Table, quoteLiteral(t.Schema), quoteLiteral(t.Name), quoteLiteral(old.Schema), quoteLiteral(old.Name))
-			purged[old.quoted()] = true // nothing left to purge
-			h.Logger.Info("re-created the capture triggers of a table renamed since they were made; its waiting changes now go under its current name", "table", t.String(), "earlier", old.String())
+		if filedAs == ct.table {
+			filing[filedAs] = true
+			continue
 		}
+		if to, ok := moveTo[filedAs]; ok && to != ct.table {
+			ambiguous[filedAs] = true
+		}
+		moveTo[filedAs] = ct.table
+	}
+	for name := range ambiguous {
+		// Two configured tables' triggers file under one name: whose
+		// changes are whose cannot be told apart; they stay where they are.
+		h.Logger.Warn("changes waiting under a name that the triggers of two configured tables file under stay there", "filed_as", name.String())
+		delete(moveTo, name)
 	}
 
-	// Drops come before creations: a partition whose partitioned table is
-	// no longer captured carries a clone of the old row trigger until that
-	// is dropped, and a trigger of the same name cannot be created before.
-	//
-	// Triggers of tables no longer configured: drop (if still ours) and
-	// purge their undelivered changes, which no task reads any more.
+	// Triggers the ledger lists on tables no longer configured (those not
+	// found above: someone replaced them, or their table is gone).
+	purge := map[tableName]bool{}
+	for _, name := range strayFiled {
+		purge[name] = true
+	}
 	for _, r := range before {
 		// The order trigger lives on the audit table, which is never a
 		// configured table: provisionOrder decides about it.
@@ -813,76 +842,40 @@ SELECT current_database()::text,
 		if configured[t.quoted()] {
 			continue
 		}
-		_, ok := existing[t.quoted()+" "+r.Name]
-		switch {
-		case !ok:
-		case !ours(t.quoted() + " " + r.Name):
-			h.Logger.Warn("not dropping a trigger that no longer carries this connector's marker (someone replaced it)", "resource", r.String())
-		default:
-			if err := dropTrigger(t, r.Name); err != nil {
-				return err
+		key := t.quoted() + " " + r.Name
+		if _, ok := existing[key]; ok {
+			if ours(key) {
+				if err := dropTrigger(t, r.Name); err != nil {
+					return err
+				}
+			} else {
+				h.Logger.Warn("not dropping a trigger that no longer carries this connector's marker (someone replaced it)", "resource", r.String())
 			}
 		}
-		if !purged[t.quoted()] {
-			purged[t.quoted()] = true
-			purge(t)
-		}
+		purge[t] = true
 		removed = append(removed, r)
 	}
-
-	// Capture triggers on tables that are not configured under their
-	// current name (renamed since, or never listed) would go on filling the
-	// audit table with changes no task reads: drop them and their changes,
-	// which a row trigger files under the name its arguments give.
-	for _, fn := range []struct {
-		ours   bool
-		quoted string
-	}{
-		{functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
-		{rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
-	} {
-		if !fn.ours {
+	// A name whose changes move to a configured table is not purged: they
+	// are that table's (renamed since). Nor is one that a configured
+	// table's trigger files under already: they cannot be told apart.
+	for _, name := range slices.SortedFunc(maps.Keys(purge), compareTables) {
+		if _, moving := moveTo[name]; moving || filing[name] {
+			if filing[name] {
+				h.Logger.Warn("changes filed under a name that both a dropped trigger and a configured table's trigger use stay", "filed_as", name.String())
+			}
 			continue
 		}
-		stray, err := triggersCalling(ctx, tx, fn.quoted+"()", configured)
-		if err != nil {
-			return err
-		}
-		for _, st := range stray {
-			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?)", "table", st.table.String(), "trigger", st.trigger)
-			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{st.trigger}.Sanitize(), st.table.quoted())
-			filedAs := st.table
-			if len(st.args) == 2 {
-				filedAs = tableName{st.args[0], st.args[1]}
-			}
-			if !purged[filedAs.quoted()] && !configured[filedAs.quoted()] {
-				purged[filedAs.quoted()] = true
-				purge(filedAs)
-			}
-		}
+		fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(name.Schema), quoteLiteral(name.Name))
 	}
-
-	// A table that became partitioned, a partition, or a plain table again
-	// since its triggers were made (or capture.level changed) gets the
-	// other kind: drop the kind it no longer needs.
-	for _, t := range s.tables {
-		wanted := wantedTriggers(t)
-		for _, trig := range captureTriggers {
-			key := t.quoted() + " " + trig
-			if _, ok := existing[key]; !ok || slices.Contains(wanted, trig) {
-				continue
-			}
-			if !ours(key) {
-				continue // someone else's: theirs to keep
-			}
-			if err := dropTrigger(t, trig); err != nil {
-				return err
-			}
-			delete(existing, key)
-			if r := triggerRes(db, t, trig); slices.Contains(before, r) {
-				removed = append(removed, r)
-			}
+	if len(moveTo) > 0 {
+		var values []string
+		for _, from := range slices.SortedFunc(maps.Keys(moveTo), compareTables) {
+			to := moveTo[from]
+			values = append(values, fmt.Sprintf("(%s, %s, %s, %s)", quoteLiteral(from.Schema), quoteLiteral(from.Name), quoteLiteral(to.Schema), quoteLiteral(to.Name)))
+			h.Logger.Info("changes waiting under a table's earlier name now go under its current name", "table", to.String(), "earlier", from.String())
 		}
+		fmt.Fprintf(&script, "UPDATE %s AS a SET schema_name = m.to_s, table_name = m.to_t FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;\n",
+			v.Table, strings.Join(values, ", "))
 	}
 
 	for _, t := range s.tables {
@@ -906,6 +899,7 @@ SELECT current_database()::text,
 			}
 		}
 	}
+
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
@@ -1232,44 +1226,6 @@ ORDER BY 1, 2, 3`, fn)
 		}
 	}
 	return out, rows.Err()
-}
-
-// triggersWithStaleArgs maps "<quoted table> <trigger>" of the triggers
-// named trigNames on tables whose arguments do not name the table they are
-// on to the table they name (the zero tableName when they pass none): they
-// were made before the table was renamed (or by an earlier version), and
-// file its changes under that name.
-func triggersWithStaleArgs(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, trigNames []string, tables []tableName) (map[string]tableName, error) {
-	schemas, names := splitNames(tables)
-	rows, err := q.Query(ctx, `
-SELECT x.s, x.t, tg.tgname::text, tg.tgargs
-FROM unnest($1::text[], $2::text[]) AS x(s, t)
-JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
-JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
-JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = ANY($3::text[]) AND tg.tgparentid = 0`, schemas, names, trigNames)
-	if err != nil {
-		return nil, fmt.Errorf("inspecting the capture triggers' arguments: %w", err)
-	}
-	defer rows.Close()
-	stale := map[string]tableName{}
-	for rows.Next() {
-		var t tableName
-		var trig string
-		var args []byte
-		if err := rows.Scan(&t.Schema, &t.Name, &trig, &args); err != nil {
-			return nil, fmt.Errorf("inspecting the capture triggers' arguments: %w", err)
-		}
-		if a := triggerArgs(args); len(a) != 2 || a[0] != t.Schema || a[1] != t.Name {
-			old := tableName{}
-			if len(a) == 2 {
-				old = tableName{a[0], a[1]}
-			}
-			stale[t.quoted()+" "+trig] = old
-		}
-	}
-	return stale, rows.Err()
 }
 
 // triggerArgs splits pg_trigger.tgargs, which holds each argument followed

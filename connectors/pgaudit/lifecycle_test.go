@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -834,6 +835,114 @@ func TestStopDuringStart(t *testing.T) {
 				t.Fatal(err)
 			}
 			awaitNoConnections(t, db, r.name)
+		})
+	}
+}
+
+// TestRenamesThatReuseNames: renames that hand a captured table's name to
+// another captured table (a swap, a chain, a rename onto a name the
+// configuration keeps) deliver every waiting change under the table that
+// made it, with that table's columns, once the configuration follows; the
+// changes of a table the configuration dropped go with it. The tables
+// differ in shape, so a change decoded as another table's comes out with
+// wrong columns.
+func TestRenamesThatReuseNames(t *testing.T) {
+	type row struct{ topic, after string }
+	tests := []struct {
+		name    string
+		before  []string // configured tables before the renames
+		writes1 []string // before the renames
+		renames []string // ALTER TABLE ... RENAME TO, in order: "from to"
+		writes2 []string // after the renames
+		after   []string // configured tables after
+		want    []row    // per topic, in order
+	}{
+		{
+			name:    "swap",
+			before:  []string{"a", "b"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`, `INSERT INTO %[1]s.b VALUES (1, 11)`},
+			renames: []string{"a tmp", "b a", "tmp b"},
+			writes2: []string{`INSERT INTO %[1]s.a VALUES (2, 22)`, `INSERT INTO %[1]s.b VALUES (2, 'a2')`},
+			after:   []string{"a", "b"},
+			want: []row{
+				{"a", `{"id":1,"yb":11}`}, {"a", `{"id":2,"yb":22}`},
+				{"b", `{"id":1,"ya":"a1"}`}, {"b", `{"id":2,"ya":"a2"}`},
+			},
+		},
+		{
+			name:    "chain",
+			before:  []string{"a", "c"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`, `INSERT INTO %[1]s.c VALUES (1, true)`},
+			renames: []string{"a b", "c a"},
+			writes2: []string{`INSERT INTO %[1]s.b VALUES (2, 'a2')`, `INSERT INTO %[1]s.a VALUES (2, false)`},
+			after:   []string{"a", "b"},
+			want: []row{
+				{"a", `{"id":1,"yc":true}`}, {"a", `{"id":2,"yc":false}`},
+				{"b", `{"id":1,"ya":"a1"}`}, {"b", `{"id":2,"ya":"a2"}`},
+			},
+		},
+		{
+			name:    "onto a kept name",
+			before:  []string{"a", "b"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`, `INSERT INTO %[1]s.b VALUES (1, 11)`},
+			renames: []string{"b b_old", "a b"},
+			writes2: []string{`INSERT INTO %[1]s.b_old VALUES (3, 33)`, `INSERT INTO %[1]s.b VALUES (2, 'a2')`},
+			after:   []string{"b"},
+			want:    []row{{"b", `{"id":1,"ya":"a1"}`}, {"b", `{"id":2,"ya":"a2"}`}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db, url := admin(t)
+			s := newSchema(t, db)
+			shapes := map[string]string{"a": "ya text", "b": "yb int", "c": "yc bool"}
+			for _, tb := range tt.before {
+				mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY, `+shapes[tb]+`)`)
+			}
+			name := testenv.Unique("reuse-")
+			l := connect.NewMemoryLedger()
+			audit := auditSchemaFor(t, db)
+			qualify := func(ts []string) []string {
+				var out []string
+				for _, x := range ts {
+					out = append(out, s+"."+x)
+				}
+				return out
+			}
+			if err := startConnector(t, baseConfig(name, url, audit, qualify(tt.before)...), l).stop(false); err != nil {
+				t.Fatal(err)
+			}
+			sq := pgx.Identifier{s}.Sanitize()
+			for _, w := range tt.writes1 {
+				mustExec(t, db, fmt.Sprintf(w, sq))
+			}
+			for _, rn := range tt.renames {
+				from, to, _ := strings.Cut(rn, " ")
+				mustExec(t, db, `ALTER TABLE `+qualified(s, from)+` RENAME TO `+pgx.Identifier{to}.Sanitize())
+			}
+			for _, w := range tt.writes2 {
+				mustExec(t, db, fmt.Sprintf(w, sq))
+			}
+			r := startConnector(t, baseConfig(name, url, audit, qualify(tt.after)...), l)
+			defer func() { _ = r.stop(true) }()
+			got := r.collect(len(tt.want), true)
+			r.quiet()
+			byTopic := map[string][]string{}
+			for _, c := range got {
+				if c.Source.Table != strings.TrimPrefix(c.Topic, "tc."+s+".") {
+					t.Errorf("topic %s carries source.table %s", c.Topic, c.Source.Table)
+				}
+				b, _ := json.Marshal(c.After)
+				byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")] = append(byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")], string(b))
+			}
+			wantBy := map[string][]string{}
+			for _, w := range tt.want {
+				b, _ := json.Marshal(jsonOf(t, w.after))
+				wantBy[w.topic] = append(wantBy[w.topic], string(b))
+			}
+			if !reflect.DeepEqual(byTopic, wantBy) {
+				t.Errorf("delivered\n got %v\nwant %v", byTopic, wantBy)
+			}
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package pgaudit
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -248,4 +249,9 @@ func parseQualified(loc string) (db string, parts []string, err error) {
 		return "", nil, fmt.Errorf("ledger location %q: %w", loc, err)
 	}
 	return loc[:i], parts, nil
+}
+
+// compareTables orders tables by schema, then name.
+func compareTables(a, b tableName) int {
+	return cmp.Or(strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name))
 }

@@ -27,6 +27,6 @@ COMMENT ON FUNCTION {{.RowFunction}}() IS {{.Marker}};
 -- the function in a trigger of one's own needs USAGE on the audit schema,
 -- which the connector grants nobody (docs/decisions/0048).
 GRANT EXECUTE ON FUNCTION {{.RowFunction}}() TO PUBLIC;
-{{define "trigger"}}CREATE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
+{{define "trigger"}}CREATE OR REPLACE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
     FOR EACH ROW EXECUTE FUNCTION {{.RowFunction}}({{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}});
 COMMENT ON TRIGGER {{.Trigger}} ON {{.Captured}} IS {{.Marker}};{{end}}
