@@ -246,12 +246,16 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                  WHERE a.relid <> c.oid), '{}'),
        -- creating a partitioned table's row trigger clones it onto every
        -- partition, which needs TRIGGER there too (once it exists,
-       -- PostgreSQL copies it onto new partitions without asking)
+       -- PostgreSQL copies it onto new partitions without asking),
        coalesce((SELECT array_agg('"' || pg_catalog.replace(pns.nspname, '"', '""') || '"."' || pg_catalog.replace(pc.relname, '"', '""') || '"' ORDER BY pt.level, pc.relname)
                  FROM pg_catalog.pg_partition_tree(c.oid) AS pt
                  JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
                  WHERE pt.relid <> c.oid AND NOT has_table_privilege(pt.relid, 'TRIGGER')
-                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0)), '{}')
+                   -- unless its row trigger exists, naming it: one that names
+                   -- an earlier name is made again, and copied again
+                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0
+                                   AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
+                                                   || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n

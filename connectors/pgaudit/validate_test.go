@@ -133,3 +133,49 @@ func TestBadConfig(t *testing.T) {
 		}
 	})
 }
+
+// TestPartitionTriggerPrivilegeOnlyWhenMade: TRIGGER on a partition is
+// needed only while the partitioned table's row trigger is still to be
+// made (PostgreSQL copies it onto the partitions then): not for a restart,
+// but again after a rename, when the trigger is made anew.
+func TestPartitionTriggerPrivilegeOnlyWhenMade(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	role := testenv.Unique("pga_owner_")
+	rid := pgx.Identifier{role}.Sanitize()
+	mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
+		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
+	})
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` OWNER TO `+rid)
+	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "p1")+` TO `+rid)
+	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
+	if roleURL == url {
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
+	}
+	name := testenv.Unique("privs-")
+	l := connect.NewMemoryLedger()
+	if err := startConnector(t, baseConfig(name, roleURL, s, s+".p"), l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `REVOKE TRIGGER ON `+qualified(s, "p1")+` FROM `+rid)
+	if errs := (&Connector{}).Validate(testCtx(t), baseConfig(name, roleURL, s, s+".p")); len(errs) != 0 {
+		t.Errorf("Validate of a restart that makes nothing: %v", errs)
+	}
+	if err := startConnector(t, baseConfig(name, roleURL, s, s+".p"), l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` RENAME TO q`)
+	errs := (&Connector{}).Validate(testCtx(t), baseConfig(name, roleURL, s, s+".q"))
+	if want := `no TRIGGER privilege on "` + s + `"."p1", a partition of "` + s + `"."q"`; !strings.Contains(strings.Join(errs[KeyTables], " | "), want) {
+		t.Errorf("Validate after the rename: %v, want %q", errs, want)
+	}
+	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "p1")+` TO `+rid)
+	if err := startConnector(t, baseConfig(name, roleURL, s, s+".q"), l).stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
