@@ -316,7 +316,9 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 			}
 			switch {
 			case !owns:
-				problems = append(problems, fmt.Sprintf("role %s does not own table %s (creating, marking and dropping its capture triggers needs the owner's rights): connect as %s, or GRANT %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{user}.Sanitize()))
+				problems = append(problems, fmt.Sprintf("role %s does not own table %s (creating, marking and dropping its capture triggers needs the owner's rights): connect as its owner %s, or ALTER TABLE %s OWNER TO %s, or make %s an inheriting member of %s (GRANT %s TO %s; not when %s is a superuser)",
+					pgx.Identifier{user}.Sanitize(), t.quoted(), pgx.Identifier{owner}.Sanitize(), t.quoted(), pgx.Identifier{user}.Sanitize(),
+					pgx.Identifier{user}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{user}.Sanitize(), pgx.Identifier{owner}.Sanitize()))
 			case !trig:
 				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
 			}
@@ -483,6 +485,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 		}
 	}()
 
+	if err := addImageColumns(ctx, conn, v.Table); err != nil {
+		return err
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("provisioning: %w", err)
@@ -605,9 +610,7 @@ SELECT current_database()::text,
 			return err
 		}
 	} else if !imageColumns {
-		// An audit table from before row-level capture. Adding nullable
-		// columns without a default rewrites nothing, but takes an ACCESS
-		// EXCLUSIVE lock: only this once.
+		// addImageColumns did not see the table (it was made meanwhile).
 		fmt.Fprintf(&script, "ALTER TABLE %s ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text;\n", v.Table)
 	}
 	if !wakeupExists || !waitersExists {
@@ -661,6 +664,11 @@ SELECT current_database()::text,
 		if err := add("0006_row_capture.up.sql", "", fv); err != nil {
 			return err
 		}
+		grants, err := rowFunctionGrants(ctx, tx, v.RowFunction+"()", s.tables, rowLevel)
+		if err != nil {
+			return err
+		}
+		script.WriteString(grants)
 	}
 
 	// Triggers. Statement-level capture (one trigger per event) on plain
@@ -922,6 +930,36 @@ SELECT current_database()::text,
 		h.Logger.Info("released an object the configuration no longer needs (dropped unless someone had replaced it)", "resource", r.String())
 	}
 	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
+	return nil
+}
+
+// addImageColumns adds image_schema and image_table to an audit table made
+// before row-level capture (0048), in a transaction of its own: the ALTER
+// takes an ACCESS EXCLUSIVE lock on the audit table, which every capturing
+// writer inserts into, so it must not be held through provisioning. A
+// short lock_timeout keeps writers from queueing behind it for long when a
+// long transaction holds the table; Start then fails and is retried.
+func addImageColumns(ctx context.Context, conn *pgx.Conn, auditTable string) error {
+	var missing bool
+	if err := conn.QueryRow(ctx, `
+SELECT pg_catalog.to_regclass($1) IS NOT NULL AND NOT EXISTS (
+  SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'image_table' AND NOT attisdropped)`, auditTable).Scan(&missing); err != nil {
+		return fmt.Errorf("provisioning: inspecting the audit table %s: %w", auditTable, err)
+	}
+	if !missing {
+		return nil
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("provisioning: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'; ALTER TABLE `+auditTable+` ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text`); err != nil {
+		return fmt.Errorf("adding two columns to the audit table %s (an upgrade; it needs a moment's exclusive lock, which transactions writing the captured tables held; nothing was changed and Start is retried): %w", auditTable, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("adding two columns to the audit table %s: commit: %w", auditTable, err)
+	}
 	return nil
 }
 
@@ -1230,6 +1268,69 @@ ORDER BY 1, 2, 3`, fn)
 		}
 	}
 	return out, rows.Err()
+}
+
+// rowFunctionGrants returns the GRANT and REVOKE statements that leave
+// EXECUTE on the row-level capture function fn (quoted, with "()") with
+// exactly the roles that own a partitioned table in the partition trees
+// of the row-level captured tables: whoever creates or attaches a
+// partition there needs it, because PostgreSQL copies the row trigger onto
+// the partition, and only a partitioned table's owner may. Anyone else
+// with EXECUTE (and USAGE on the audit schema) could hang the function on
+// a table of their own and feed the connector changes.
+func rowFunctionGrants(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, fn string, tables []tableName, rowLevel map[string]bool) (string, error) {
+	var rl []tableName
+	for _, t := range tables {
+		if rowLevel[t.quoted()] {
+			rl = append(rl, t)
+		}
+	}
+	schemas, names := splitNames(rl)
+	rows, err := q.Query(ctx, `
+SELECT DISTINCT pg_catalog.pg_get_userbyid(pc.relowner)::text
+FROM unnest($1::text[], $2::text[]) AS x(s, t)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.t
+CROSS JOIN LATERAL pg_catalog.pg_partition_tree(c.oid) AS pt
+JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid
+-- the function's owner may execute it anyway; it is this role when the
+-- function is still to be made
+WHERE pc.relkind = 'p' AND pc.relowner <> coalesce((SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.oid = pg_catalog.to_regprocedure($3)),
+                                                   (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = current_user))
+ORDER BY 1`, schemas, names, fn)
+	if err != nil {
+		return "", fmt.Errorf("listing the owners of the captured partitioned tables: %w", err)
+	}
+	want, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("listing the owners of the captured partitioned tables: %w", err)
+	}
+	rows, err = q.Query(ctx, `
+SELECT pg_catalog.pg_get_userbyid(a.grantee)::text
+FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
+WHERE p.oid = pg_catalog.to_regprocedure($1) AND a.grantee <> 0 AND a.grantee <> p.proowner AND a.privilege_type = 'EXECUTE'
+ORDER BY 1`, fn)
+	if err != nil {
+		return "", fmt.Errorf("listing who may execute %s: %w", fn, err)
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", fmt.Errorf("listing who may execute %s: %w", fn, err)
+	}
+	var b strings.Builder
+	for _, r := range have {
+		if !slices.Contains(want, r) {
+			fmt.Fprintf(&b, "REVOKE EXECUTE ON FUNCTION %s FROM %s;\n", fn, pgx.Identifier{r}.Sanitize())
+		}
+	}
+	for _, r := range want {
+		if !slices.Contains(have, r) {
+			fmt.Fprintf(&b, "GRANT EXECUTE ON FUNCTION %s TO %s;\n", fn, pgx.Identifier{r}.Sanitize())
+		}
+	}
+	return b.String(), nil
 }
 
 // triggerArgs splits pg_trigger.tgargs, which holds each argument followed

@@ -401,10 +401,28 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 	exec(`CREATE TABLE ` + qualified(s, "p3") + ` (id int PRIMARY KEY)`)
 	exec(`ALTER TABLE ` + qualified(s, "p") + ` ATTACH PARTITION ` + qualified(s, "p3") + ` FOR VALUES FROM (20) TO (30)`)
 
-	exec(`CREATE TABLE ` + qualified(s, "mine") + ` (id int PRIMARY KEY)`)
+	// Another role, which owns nothing captured, may create tables and
+	// even use the audit schema: it still cannot attach either capture
+	// function to a table of its own.
+	other := testenv.Unique("pga_other_")
+	oid := pgx.Identifier{other}.Sanitize()
+	mustExec(t, db, `CREATE ROLE `+oid+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+oid)
+		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+oid)
+	})
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+oid)
+	o, err := pgx.Connect(ctx, strings.Replace(url, "postgres@", other+"@", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close(context.Background())
+	if _, err := o.Exec(ctx, `CREATE TABLE `+qualified(s, "mine")+` (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
 	n := objectNames(r.name)
 	feed := func(fn string) error {
-		_, err := w.Exec(ctx, `CREATE TRIGGER feed AFTER INSERT ON `+qualified(s, "mine")+` FOR EACH ROW EXECUTE FUNCTION `+fn)
+		_, err := o.Exec(ctx, `CREATE TRIGGER feed AFTER INSERT ON `+qualified(s, "mine")+` FOR EACH ROW EXECUTE FUNCTION `+fn)
 		return err
 	}
 	statementFn := qualified(audit, n.function) + `()`
@@ -414,12 +432,13 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 			t.Errorf("a role without USAGE on the audit schema hung %s on a table of its own: %v", fn, err)
 		}
 	}
-	// Even with USAGE on the audit schema, not the statement-level one.
-	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+rid)
-	if err := feed(statementFn); err == nil || !strings.Contains(err.Error(), "permission denied for function") {
-		t.Errorf("a role with USAGE on the audit schema hung %s on a table of its own: %v", statementFn, err)
+	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+oid)
+	for _, fn := range []string{statementFn, rowFn} {
+		if err := feed(fn); err == nil || !strings.Contains(err.Error(), "permission denied for function") {
+			t.Errorf("a role with USAGE on the audit schema hung %s on a table of its own: %v", fn, err)
+		}
 	}
-	mustExec(t, db, `REVOKE USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` FROM `+rid)
+	mustExec(t, db, `REVOKE USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` FROM `+oid)
 
 	exec(`INSERT INTO ` + qualified(s, "plain") + ` VALUES (1)`)
 	exec(`INSERT INTO ` + qualified(s, "p") + ` VALUES (2), (12), (22)`)

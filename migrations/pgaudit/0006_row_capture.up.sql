@@ -21,12 +21,13 @@ CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS {{.Body}};
 COMMENT ON FUNCTION {{.RowFunction}}() IS {{.Marker}};
--- EXECUTE stays with PUBLIC, unlike the other functions': PostgreSQL
--- checks it for whoever creates or attaches a partition of a captured
--- partitioned table, as it copies the trigger onto the partition. Naming
--- the function in a trigger of one's own needs USAGE on the audit schema,
--- which the connector grants nobody (docs/decisions/0048).
-GRANT EXECUTE ON FUNCTION {{.RowFunction}}() TO PUBLIC;
+-- Only triggers call it; a trigger fires whatever its writer's privileges,
+-- but creating one needs EXECUTE, and so does creating or attaching a
+-- partition of a captured partitioned table (PostgreSQL copies the trigger
+-- then). Provisioning grants EXECUTE to the owners of the captured
+-- partitioned tables and their partitioned partitions, and to nobody else
+-- (docs/decisions/0048).
+REVOKE EXECUTE ON FUNCTION {{.RowFunction}}() FROM PUBLIC;
 {{define "trigger"}}CREATE OR REPLACE TRIGGER {{.Trigger}} AFTER INSERT OR UPDATE OR DELETE ON {{.Captured}}
     FOR EACH ROW EXECUTE FUNCTION {{.RowFunction}}({{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}});
 COMMENT ON TRIGGER {{.Trigger}} ON {{.Captured}} IS {{.Marker}};{{end}}
