@@ -787,17 +787,24 @@ SELECT current_database()::text,
 	moveTo := map[tableName]tableName{} // name filed under -> current name
 	ambiguous := map[tableName]bool{}
 	filing := map[tableName]bool{} // names configured tables' triggers file under, unchanged
-	var strayFiled []tableName
+	type stray struct{ table, filedAs tableName }
+	var strays []stray
 	for _, ct := range calling {
 		filedAs := ct.table
 		if len(ct.args) == 2 {
 			filedAs = tableName{ct.args[0], ct.args[1]}
 		}
 		if !configured[ct.table.quoted()] {
+			if !ct.owned {
+				return fmt.Errorf("%s: table %s is not configured but carries the connector's capture trigger %s, which this role cannot drop (it does not own the table; nothing was changed): drop the trigger as the table's owner (DROP TRIGGER %s ON %s), or add the table to %s",
+					KeyTables, ct.table.quoted(), pgx.Identifier{ct.trigger}.Sanitize(), pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted(), KeyTables)
+			}
 			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted())
 			delete(existing, ct.table.quoted()+" "+ct.trigger)
-			strayFiled = append(strayFiled, filedAs)
+			if !slices.Contains(strays, stray{ct.table, filedAs}) {
+				strays = append(strays, stray{ct.table, filedAs})
+			}
 			continue
 		}
 		wanted := slices.Contains(wantedTriggers(ct.table), ct.trigger)
@@ -827,6 +834,11 @@ SELECT current_database()::text,
 		}
 		moveTo[filedAs] = ct.table
 	}
+	for name := range moveTo {
+		if filing[name] {
+			ambiguous[name] = true
+		}
+	}
 	for name := range ambiguous {
 		// Two configured tables' triggers file under one name: whose
 		// changes are whose cannot be told apart; they stay where they are.
@@ -837,8 +849,24 @@ SELECT current_database()::text,
 	// Triggers the ledger lists on tables no longer configured (those not
 	// found above: someone replaced them, or their table is gone).
 	purge := map[tableName]bool{}
-	for _, name := range strayFiled {
-		purge[name] = true
+	for _, st := range strays {
+		if configured[st.filedAs.quoted()] {
+			// The name is still configured, for another table (the classic
+			// swap: orders renamed to orders_old, a new orders created).
+			// What the renamed table wrote since the rename goes with it;
+			// what it wrote before, under the configured name, stays that
+			// name's, decoded with the renamed table's columns (unless a
+			// configured table files under the name too: then whose is
+			// whose cannot be told).
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_schema = %s AND image_table = %s;\n",
+				v.Table, quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name), quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name))
+			if !filing[st.filedAs] {
+				fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s WHERE schema_name = %s AND table_name = %s AND (image_table IS NULL OR (image_schema = %s AND image_table = %s));\n",
+					v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name), quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name))
+			}
+			continue
+		}
+		purge[st.filedAs] = true
 	}
 	for _, r := range before {
 		// The order trigger lives on the audit table, which is never a
@@ -886,8 +914,13 @@ SELECT current_database()::text,
 			values = append(values, fmt.Sprintf("(%s, %s, %s, %s)", quoteLiteral(from.Schema), quoteLiteral(from.Name), quoteLiteral(to.Schema), quoteLiteral(to.Name)))
 			h.Logger.Info("changes waiting under a table's earlier name now go under its current name", "table", to.String(), "earlier", from.String())
 		}
-		fmt.Fprintf(&script, "UPDATE %s AS a SET schema_name = m.to_s, table_name = m.to_t FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;\n",
-			v.Table, strings.Join(values, ", "))
+		// Images recorded as the old name's are the moved table's: they
+		// follow it (a row-level trigger records its table's name always).
+		fmt.Fprintf(&script, `UPDATE %s AS a SET schema_name = m.to_s, table_name = m.to_t,
+  image_schema = CASE WHEN a.image_schema = m.from_s AND a.image_table = m.from_t THEN NULL ELSE a.image_schema END,
+  image_table = CASE WHEN a.image_schema = m.from_s AND a.image_table = m.from_t THEN NULL ELSE a.image_table END
+FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;
+`, v.Table, strings.Join(values, ", "))
 	}
 
 	for _, t := range s.tables {
@@ -1234,6 +1267,7 @@ type callingTrigger struct {
 	table   tableName
 	trigger string
 	args    []string
+	owned   bool // the current role may drop it (owns the table)
 }
 
 // triggersCalling lists the triggers that call function fn (quoted, with
@@ -1244,7 +1278,7 @@ func triggersCalling(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, skip map[string]bool) ([]callingTrigger, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs, pg_catalog.pg_has_role(c.relowner, 'USAGE')
 FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
@@ -1259,7 +1293,7 @@ ORDER BY 1, 2, 3`, fn)
 	for rows.Next() {
 		var ct callingTrigger
 		var args []byte
-		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args); err != nil {
+		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args, &ct.owned); err != nil {
 			return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
 		}
 		ct.args = triggerArgs(args)

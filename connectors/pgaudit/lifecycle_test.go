@@ -847,16 +847,8 @@ func TestStopDuringStart(t *testing.T) {
 // differ in shape, so a change decoded as another table's comes out with
 // wrong columns.
 func TestRenamesThatReuseNames(t *testing.T) {
-	type row struct{ topic, after string }
-	tests := []struct {
-		name    string
-		before  []string // configured tables before the renames
-		writes1 []string // before the renames
-		renames []string // ALTER TABLE ... RENAME TO, in order: "from to"
-		writes2 []string // after the renames
-		after   []string // configured tables after
-		want    []row    // per topic, in order
-	}{
+	type row = renameRow
+	tests := []renameCase{
 		{
 			name:    "swap",
 			before:  []string{"a", "b"},
@@ -888,61 +880,109 @@ func TestRenamesThatReuseNames(t *testing.T) {
 			renames: []string{"b b_old", "a b"},
 			writes2: []string{`INSERT INTO %[1]s.b_old VALUES (3, 33)`, `INSERT INTO %[1]s.b VALUES (2, 'a2')`},
 			after:   []string{"b"},
-			want:    []row{{"b", `{"id":1,"ya":"a1"}`}, {"b", `{"id":2,"ya":"a2"}`}},
+			// b's change from before the renames stays b's, read with the
+			// columns of the table that made it (now b_old); b_old's own
+			// change since goes with it.
+			want: []row{{"b", `{"id":1,"ya":"a1"}`}, {"b", `{"id":1,"yb":11}`}, {"b", `{"id":2,"ya":"a2"}`}},
+		},
+		{
+			// What online schema-change tools do: the new table takes the
+			// old one's name.
+			name:     "a new table swapped in",
+			before:   []string{"a"},
+			writes1:  []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
+			renames:  []string{"a a_old"},
+			creates:  []string{"a c"},
+			writes2:  []string{`INSERT INTO %[1]s.a_old VALUES (2, 'gone')`},
+			after:    []string{"a"},
+			writeNew: `INSERT INTO %[1]s.a VALUES (3, true)`,
+			want:     []row{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":3,"yc":true}`}},
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			db, url := admin(t)
-			s := newSchema(t, db)
-			shapes := map[string]string{"a": "ya text", "b": "yb int", "c": "yc bool"}
-			for _, tb := range tt.before {
-				mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY, `+shapes[tb]+`)`)
-			}
-			name := testenv.Unique("reuse-")
-			l := connect.NewMemoryLedger()
-			audit := auditSchemaFor(t, db)
-			qualify := func(ts []string) []string {
-				var out []string
-				for _, x := range ts {
-					out = append(out, s+"."+x)
-				}
-				return out
-			}
-			if err := startConnector(t, baseConfig(name, url, audit, qualify(tt.before)...), l).stop(false); err != nil {
-				t.Fatal(err)
-			}
-			sq := pgx.Identifier{s}.Sanitize()
-			for _, w := range tt.writes1 {
-				mustExec(t, db, fmt.Sprintf(w, sq))
-			}
-			for _, rn := range tt.renames {
-				from, to, _ := strings.Cut(rn, " ")
-				mustExec(t, db, `ALTER TABLE `+qualified(s, from)+` RENAME TO `+pgx.Identifier{to}.Sanitize())
-			}
-			for _, w := range tt.writes2 {
-				mustExec(t, db, fmt.Sprintf(w, sq))
-			}
-			r := startConnector(t, baseConfig(name, url, audit, qualify(tt.after)...), l)
-			defer func() { _ = r.stop(true) }()
-			got := r.collect(len(tt.want), true)
-			r.quiet()
-			byTopic := map[string][]string{}
-			for _, c := range got {
-				if c.Source.Table != strings.TrimPrefix(c.Topic, "tc."+s+".") {
-					t.Errorf("topic %s carries source.table %s", c.Topic, c.Source.Table)
-				}
-				b, _ := json.Marshal(c.After)
-				byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")] = append(byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")], string(b))
-			}
-			wantBy := map[string][]string{}
-			for _, w := range tt.want {
-				b, _ := json.Marshal(jsonOf(t, w.after))
-				wantBy[w.topic] = append(wantBy[w.topic], string(b))
-			}
-			if !reflect.DeepEqual(byTopic, wantBy) {
-				t.Errorf("delivered\n got %v\nwant %v", byTopic, wantBy)
-			}
-		})
+	for _, level := range []string{levelStatement, levelRow} {
+		for _, tt := range tests {
+			t.Run(level+"/"+tt.name, func(t *testing.T) { renamesThatReuseNames(t, level, tt) })
+		}
+	}
+}
+
+// renameCase is a case of TestRenamesThatReuseNames.
+type renameCase struct {
+	name     string
+	before   []string // configured tables before the renames
+	writes1  []string // before the renames
+	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"
+	creates  []string // tables created after the renames: "name shape-of"
+	writes2  []string // after the renames
+	after    []string // configured tables after
+	writeNew string   // written after the second Start
+	want     []renameRow
+}
+
+// renameRow is a delivered change: its topic's table and its after image.
+type renameRow struct{ topic, after string }
+
+func renamesThatReuseNames(t *testing.T, level string, tt renameCase) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	shapes := map[string]string{"a": "ya text", "b": "yb int", "c": "yc bool"}
+	for _, tb := range tt.before {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY, `+shapes[tb]+`)`)
+	}
+	name := testenv.Unique("reuse-")
+	l := connect.NewMemoryLedger()
+	audit := auditSchemaFor(t, db)
+	qualify := func(ts []string) []string {
+		var out []string
+		for _, x := range ts {
+			out = append(out, s+"."+x)
+		}
+		return out
+	}
+	cfg := func(tables []string) connect.Config {
+		c := baseConfig(name, url, audit, qualify(tables)...)
+		c[KeyCaptureLevel] = level
+		return c
+	}
+	if err := startConnector(t, cfg(tt.before), l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	sq := pgx.Identifier{s}.Sanitize()
+	for _, w := range tt.writes1 {
+		mustExec(t, db, fmt.Sprintf(w, sq))
+	}
+	for _, rn := range tt.renames {
+		from, to, _ := strings.Cut(rn, " ")
+		mustExec(t, db, `ALTER TABLE `+qualified(s, from)+` RENAME TO `+pgx.Identifier{to}.Sanitize())
+	}
+	for _, c := range tt.creates {
+		tb, like, _ := strings.Cut(c, " ")
+		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY, `+shapes[like]+`)`)
+	}
+	for _, w := range tt.writes2 {
+		mustExec(t, db, fmt.Sprintf(w, sq))
+	}
+	r := startConnector(t, cfg(tt.after), l)
+	defer func() { _ = r.stop(true) }()
+	if tt.writeNew != "" {
+		mustExec(t, db, fmt.Sprintf(tt.writeNew, sq))
+	}
+	got := r.collect(len(tt.want), true)
+	r.quiet()
+	byTopic := map[string][]string{}
+	for _, c := range got {
+		if c.Source.Table != strings.TrimPrefix(c.Topic, "tc."+s+".") {
+			t.Errorf("topic %s carries source.table %s", c.Topic, c.Source.Table)
+		}
+		b, _ := json.Marshal(c.After)
+		byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")] = append(byTopic[strings.TrimPrefix(c.Topic, "tc."+s+".")], string(b))
+	}
+	wantBy := map[string][]string{}
+	for _, w := range tt.want {
+		b, _ := json.Marshal(jsonOf(t, w.after))
+		wantBy[w.topic] = append(wantBy[w.topic], string(b))
+	}
+	if !reflect.DeepEqual(byTopic, wantBy) {
+		t.Errorf("delivered\n got %v\nwant %v", byTopic, wantBy)
 	}
 }

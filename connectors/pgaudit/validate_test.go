@@ -179,3 +179,51 @@ func TestPartitionTriggerPrivilegeOnlyWhenMade(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStrayTriggerTheRoleCannotDrop: a table that is no longer configured
+// but carries the connector's capture trigger, handed to another owner:
+// Start says which trigger to drop and how, instead of failing on
+// PostgreSQL's ownership error at every attempt.
+func TestStrayTriggerTheRoleCannotDrop(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	var roles []string
+	for _, prefix := range []string{"pga_conn_", "pga_other_"} {
+		r := testenv.Unique(prefix)
+		rid := pgx.Identifier{r}.Sanitize()
+		mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
+		t.Cleanup(func() {
+			_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
+			_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
+		})
+		roles = append(roles, r)
+	}
+	conn := pgx.Identifier{roles[0]}.Sanitize()
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+conn)
+	for _, tb := range []string{"a", "b"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY)`)
+		mustExec(t, db, `ALTER TABLE `+qualified(s, tb)+` OWNER TO `+conn)
+	}
+	roleURL := strings.Replace(url, "postgres@", roles[0]+"@", 1)
+	if roleURL == url {
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", roles[0], testenv.PostgresEnv)
+	}
+	name := testenv.Unique("stray-")
+	l := connect.NewMemoryLedger()
+	if err := startConnector(t, baseConfig(name, roleURL, s, s+".a", s+".b"), l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` RENAME TO b2`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "b2")+` OWNER TO `+pgx.Identifier{roles[1]}.Sanitize())
+	_, err := tryStart(t, baseConfig(name, roleURL, s, s+".a"), l)
+	if err == nil || !strings.Contains(err.Error(), `table "`+s+`"."b2" is not configured but carries the connector's capture trigger`) || !strings.Contains(err.Error(), "DROP TRIGGER") {
+		t.Fatalf("Start with a stray trigger the role cannot drop: %v", err)
+	}
+	mustExec(t, db, `DROP TRIGGER `+pgx.Identifier{objectNames(name).trigger("INSERT")}.Sanitize()+` ON `+qualified(s, "b2"))
+	mustExec(t, db, `DROP TRIGGER `+pgx.Identifier{objectNames(name).trigger("UPDATE")}.Sanitize()+` ON `+qualified(s, "b2"))
+	mustExec(t, db, `DROP TRIGGER `+pgx.Identifier{objectNames(name).trigger("DELETE")}.Sanitize()+` ON `+qualified(s, "b2"))
+	mustExec(t, db, `DROP TRIGGER `+pgx.Identifier{objectNames(name).trigger("TRUNCATE")}.Sanitize()+` ON `+qualified(s, "b2"))
+	if err := startConnector(t, baseConfig(name, roleURL, s, s+".a"), l).stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
