@@ -664,11 +664,6 @@ SELECT current_database()::text,
 		if err := add("0006_row_capture.up.sql", "", fv); err != nil {
 			return err
 		}
-		grants, err := rowFunctionGrants(ctx, tx, v.RowFunction+"()", s.tables, rowLevel)
-		if err != nil {
-			return err
-		}
-		script.WriteString(grants)
 	}
 
 	// Triggers. Statement-level capture (one trigger per event) on plain
@@ -948,6 +943,36 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
+		}
+	}
+	// EXECUTE on the connector's functions, now that they exist (a grant by
+	// ALTER DEFAULT PRIVILEGES came with their creation): nobody but their
+	// owner, and for the row-level one the owners of captured partitioned
+	// tables, who need it to add partitions.
+	for _, fn := range []struct {
+		quoted string
+		ours   bool
+		owners bool
+	}{
+		{v.Function + "()", !functionExists || (functionMarker != nil && *functionMarker == n.marker), false},
+		{v.RowFunction + "()", !rowFunctionExists || (rowFunctionMarker != nil && *rowFunctionMarker == n.marker), true},
+		{v.Order + "()", s.commitOrder, false},
+	} {
+		if !fn.ours {
+			continue
+		}
+		var owners []tableName
+		if fn.owners {
+			owners = s.tables
+		}
+		grants, err := functionGrants(ctx, tx, fn.quoted, owners, rowLevel)
+		if err != nil {
+			return err
+		}
+		if grants != "" {
+			if _, err := tx.Exec(ctx, grants); err != nil {
+				return fmt.Errorf("provisioning: setting who may execute %s: %w", fn.quoted, err)
+			}
 		}
 	}
 	// From here on a failure may have committed (an ambiguous COMMIT):
@@ -1304,15 +1329,16 @@ ORDER BY 1, 2, 3`, fn)
 	return out, rows.Err()
 }
 
-// rowFunctionGrants returns the GRANT and REVOKE statements that leave
-// EXECUTE on the row-level capture function fn (quoted, with "()") with
-// exactly the roles that own a partitioned table in the partition trees
-// of the row-level captured tables: whoever creates or attaches a
-// partition there needs it, because PostgreSQL copies the row trigger onto
-// the partition, and only a partitioned table's owner may. Anyone else
-// with EXECUTE (and USAGE on the audit schema) could hang the function on
-// a table of their own and feed the connector changes.
-func rowFunctionGrants(ctx context.Context, q interface {
+// functionGrants returns the GRANT and REVOKE statements that leave
+// EXECUTE on function fn (quoted, with "()"; it must exist) with its owner
+// and exactly the roles that own a partitioned table in the partition
+// trees of the row-level captured tables among tables: whoever creates or
+// attaches a partition there needs it, because PostgreSQL copies the row
+// trigger onto the partition, and only a partitioned table's owner may.
+// Anyone else with EXECUTE (and USAGE on the audit schema) could hang the
+// function on a table of their own and feed the connector changes. Grants
+// made WITH GRANT OPTION are revoked with what was granted from them.
+func functionGrants(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, tables []tableName, rowLevel map[string]bool) (string, error) {
 	var rl []tableName
@@ -1342,9 +1368,9 @@ ORDER BY 1`, schemas, names, fn)
 		return "", fmt.Errorf("listing the owners of the captured partitioned tables: %w", err)
 	}
 	rows, err = q.Query(ctx, `
-SELECT pg_catalog.pg_get_userbyid(a.grantee)::text
-FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) AS a
-WHERE p.oid = pg_catalog.to_regprocedure($1) AND a.grantee <> 0 AND a.grantee <> p.proowner AND a.privilege_type = 'EXECUTE'
+SELECT DISTINCT CASE WHEN a.grantee = 0 THEN '' ELSE pg_catalog.pg_get_userbyid(a.grantee)::text END
+FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) AS a
+WHERE p.oid = pg_catalog.to_regprocedure($1) AND a.grantee <> p.proowner AND a.privilege_type = 'EXECUTE'
 ORDER BY 1`, fn)
 	if err != nil {
 		return "", fmt.Errorf("listing who may execute %s: %w", fn, err)
@@ -1356,7 +1382,11 @@ ORDER BY 1`, fn)
 	var b strings.Builder
 	for _, r := range have {
 		if !slices.Contains(want, r) {
-			fmt.Fprintf(&b, "REVOKE EXECUTE ON FUNCTION %s FROM %s;\n", fn, pgx.Identifier{r}.Sanitize())
+			grantee := "PUBLIC"
+			if r != "" {
+				grantee = pgx.Identifier{r}.Sanitize()
+			}
+			fmt.Fprintf(&b, "REVOKE EXECUTE ON FUNCTION %s FROM %s CASCADE;\n", fn, grantee)
 		}
 	}
 	for _, r := range want {

@@ -570,3 +570,64 @@ func TestRenamedWhileSwitchingCaptureLevel(t *testing.T) {
 	})
 	r.quiet()
 }
+
+// TestFunctionsExecutableOnlyAsIntended: EXECUTE granted by default
+// privileges of the audit schema is taken back from the connector's
+// functions as they are made, and a grant made by hand later goes at the
+// next Start; the owner of a captured partitioned table keeps EXECUTE on
+// the row-level function.
+func TestFunctionsExecutableOnlyAsIntended(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	audit := newSchema(t, db) // exists already, with default privileges
+	var roles []string
+	for _, prefix := range []string{"pga_dflt_", "pga_owns_"} {
+		r := testenv.Unique(prefix)
+		rid := pgx.Identifier{r}.Sanitize()
+		mustExec(t, db, `CREATE ROLE `+rid)
+		t.Cleanup(func() {
+			_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
+			_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
+		})
+		roles = append(roles, r)
+	}
+	other, owner := pgx.Identifier{roles[0]}.Sanitize(), pgx.Identifier{roles[1]}.Sanitize()
+	mustExec(t, db, `ALTER DEFAULT PRIVILEGES IN SCHEMA `+pgx.Identifier{audit}.Sanitize()+` GRANT EXECUTE ON FUNCTIONS TO `+other)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` OWNER TO `+owner)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("acl-")
+	cfg := baseConfig(name, url, audit, s+".p", s+".plain")
+	cfg[KeyCaptureOrder] = orderCommit
+	l := connect.NewMemoryLedger()
+	n := objectNames(name)
+	fns := []string{qualified(audit, n.function) + "()", qualified(audit, n.rowFunction) + "()", qualified(audit, n.order) + "()"}
+	check := func(when string) {
+		t.Helper()
+		for i, fn := range fns {
+			var otherMay, ownerMay bool
+			if err := db.QueryRow(ctx, `SELECT has_function_privilege($1, $3::regprocedure, 'EXECUTE'), has_function_privilege($2, $3::regprocedure, 'EXECUTE')`, roles[0], roles[1], fn).Scan(&otherMay, &ownerMay); err != nil {
+				t.Fatal(err)
+			}
+			if otherMay {
+				t.Errorf("%s: %s may execute %s", when, roles[0], fn)
+			}
+			if wantOwner := i == 1; ownerMay != wantOwner {
+				t.Errorf("%s: the partitioned table's owner may execute %s: %v, want %v", when, fn, ownerMay, wantOwner)
+			}
+		}
+	}
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	check("after the first Start")
+	for _, fn := range fns {
+		mustExec(t, db, `GRANT EXECUTE ON FUNCTION `+fn+` TO `+other+` WITH GRANT OPTION`)
+	}
+	r := startConnector(t, cfg, l)
+	check("after grants by hand and a later Start")
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+}
