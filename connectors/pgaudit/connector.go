@@ -561,6 +561,45 @@ SELECT current_database()::text,
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
 	}
 
+	// Objects of this connector's that the ledger does not list: a
+	// connector re-created under the same name after a deletion with
+	// cleanup.on.delete=false (which handed them over) takes them back, as
+	// it uses them again, so that its own deletion drops them.
+	type markedObject struct {
+		r      connect.Resource
+		marker *string
+	}
+	var adopt []markedObject
+	{
+		var schemaM, tableM, wakeupM, waitersM *string
+		if err := tx.QueryRow(ctx, `
+SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace WHERE nspname = $1),
+       (SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1 AND c.relname = $2),
+       (SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1 AND c.relname = $3),
+       (SELECT obj_description(c.oid, 'pg_class') FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1 AND c.relname = $4)`,
+			s.auditSchema, n.table, n.wakeup, n.waiters).Scan(&schemaM, &tableM, &wakeupM, &waitersM); err != nil {
+			return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
+		}
+		adopt = []markedObject{
+			{schemaRes(db, s.auditSchema), schemaM},
+			{tableRes(db, s.auditSchema, n.table), tableM},
+			{tableRes(db, s.auditSchema, n.wakeup), wakeupM},
+			{sequenceRes(db, s.auditSchema, n.waiters), waitersM},
+			{functionRes(db, s.auditSchema, n.function), functionMarker},
+			{functionRes(db, s.auditSchema, n.rowFunction), rowFunctionMarker},
+		}
+		if s.commitOrder {
+			adopt = append(adopt, markedObject{functionRes(db, s.auditSchema, n.order), orderMarker})
+		}
+	}
+	for _, a := range adopt {
+		if a.marker != nil && *a.marker == n.marker && !slices.Contains(before, a.r) {
+			if err := own(a.r); err != nil {
+				return err
+			}
+		}
+	}
+
 	if tableExists {
 		// An audit table of the layout before binary images (0044): the new
 		// capture function could not write into it, and would make the

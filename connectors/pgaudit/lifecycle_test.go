@@ -111,6 +111,31 @@ func TestCleanupOnDeleteFalse(t *testing.T) {
 	if left, err := l.List(testCtx(t)); err != nil || len(left) != 0 {
 		t.Errorf("ledger after the deletion: %v (%v), want empty", left, err)
 	}
+
+	// A connector made again under the same name uses the objects again,
+	// so it takes them back: its deletion with cleanup drops them all.
+	again := cfg.Clone()
+	again[KeyCleanupOnDelete] = "true"
+	l2 := connect.NewMemoryLedger()
+	if err := startConnector(t, again, l2).stop(true); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{n.table, n.wakeup, n.waiters} {
+		if relExists(t, db, audit, rel) {
+			t.Errorf("%s is left after the re-created connector's deletion", rel)
+		}
+	}
+	var fns int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_proc WHERE starts_with(proname::text, $1)`, n.base).Scan(&fns); err != nil {
+		t.Fatal(err)
+	}
+	if n := triggerCount(t, db, s, "kept"); n != 0 || fns != 0 {
+		t.Errorf("after the re-created connector's deletion: %d triggers, %d functions left", n, fns)
+	}
+	var schema bool
+	if err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, audit).Scan(&schema); err != nil || schema {
+		t.Errorf("the audit schema it made is left (%v)", err)
+	}
 }
 
 // TestAuditSchemaMoveRefused: a restart with another audit.schema fails
