@@ -273,3 +273,29 @@ func await(t testing.TB, within time.Duration, cond func() (ok bool, what string
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// newRole creates a LOGIN role named prefix plus a unique suffix, dropped
+// (with what it owns) when the test ends; it returns the name and the
+// quoted name.
+func newRole(t testing.TB, db *pgxpool.Pool, prefix string) (name, quoted string) {
+	t.Helper()
+	name = testenv.Unique(prefix)
+	quoted = pgx.Identifier{name}.Sanitize()
+	mustExec(t, db, `CREATE ROLE `+quoted+` LOGIN`)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+quoted)
+		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+quoted)
+	})
+	return name, quoted
+}
+
+// functionsOf counts the functions whose names start with the connector's
+// base name.
+func functionsOf(t testing.TB, db *pgxpool.Pool, connector string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pg_proc WHERE starts_with(proname::text, $1)`, objectNames(connector).base).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -142,10 +142,7 @@ func TestPartitionedTable(t *testing.T) {
 	if tr := captureTriggersIn(t, ctx, db, r.name, s); len(tr) != 0 {
 		t.Errorf("after deletion, triggers remain: %v", tr)
 	}
-	var fns int
-	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE starts_with(proname::text, $1)`, objectNames(r.name).base).Scan(&fns); err != nil {
-		t.Fatal(err)
-	}
+	fns := functionsOf(t, db, r.name)
 	if fns != 0 {
 		t.Errorf("after deletion, %d functions remain", fns)
 	}
@@ -363,13 +360,7 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 	db, url := admin(t)
 	ctx := testCtx(t)
 	s := newSchema(t, db)
-	role := testenv.Unique("pga_writer_")
-	rid := pgx.Identifier{role}.Sanitize()
-	mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
-		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
-	})
+	role, rid := newRole(t, db, "pga_writer_")
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
@@ -404,13 +395,7 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 	// Another role, which owns nothing captured, may create tables and
 	// even use the audit schema: it still cannot attach either capture
 	// function to a table of its own.
-	other := testenv.Unique("pga_other_")
-	oid := pgx.Identifier{other}.Sanitize()
-	mustExec(t, db, `CREATE ROLE `+oid+` LOGIN`)
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+oid)
-		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+oid)
-	})
+	other, oid := newRole(t, db, "pga_other_")
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+oid)
 	o, err := pgx.Connect(ctx, strings.Replace(url, "postgres@", other+"@", 1))
 	if err != nil {
@@ -581,18 +566,9 @@ func TestFunctionsExecutableOnlyAsIntended(t *testing.T) {
 	ctx := testCtx(t)
 	s := newSchema(t, db)
 	audit := newSchema(t, db) // exists already, with default privileges
-	var roles []string
-	for _, prefix := range []string{"pga_dflt_", "pga_owns_"} {
-		r := testenv.Unique(prefix)
-		rid := pgx.Identifier{r}.Sanitize()
-		mustExec(t, db, `CREATE ROLE `+rid)
-		t.Cleanup(func() {
-			_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
-			_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
-		})
-		roles = append(roles, r)
-	}
-	other, owner := pgx.Identifier{roles[0]}.Sanitize(), pgx.Identifier{roles[1]}.Sanitize()
+	otherRole, other := newRole(t, db, "pga_dflt_")
+	ownerRole, owner := newRole(t, db, "pga_owns_")
+	roles := []string{otherRole, ownerRole}
 	mustExec(t, db, `ALTER DEFAULT PRIVILEGES IN SCHEMA `+pgx.Identifier{audit}.Sanitize()+` GRANT EXECUTE ON FUNCTIONS TO `+other)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` OWNER TO `+owner)

@@ -89,20 +89,20 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, functions, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
 		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
 			DisplayName: "Capture order", Doc: "statement: the changes of one row leave in commit order, changes of different rows in the order their statements ran. commit: all changes leave in the order their transactions committed; every capturing commit of the database takes one lock in turn, which caps the commit rate of concurrent writers and does not mix with prepared transactions (see docs/pgaudit.md).",
-			Validate: func(v string) error {
-				if v != orderCommit && v != orderStatement {
-					return fmt.Errorf("must be %q or %q", orderCommit, orderStatement)
-				}
-				return nil
-			}},
+			Validate: oneOf(orderCommit, orderStatement)},
 		{Name: KeyCaptureLevel, Type: connect.TypeString, Default: levelStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 10,
 			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
-			Validate: func(v string) error {
-				if v != levelStatement && v != levelRow {
-					return fmt.Errorf("must be %q or %q", levelStatement, levelRow)
-				}
-				return nil
-			}},
+			Validate: oneOf(levelStatement, levelRow)},
+	}
+}
+
+// oneOf accepts exactly a or b.
+func oneOf(a, b string) func(string) error {
+	return func(v string) error {
+		if v != a && v != b {
+			return fmt.Errorf("must be %q or %q", a, b)
+		}
+		return nil
 	}
 }
 

@@ -1,7 +1,6 @@
 package pgaudit
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -31,12 +30,7 @@ func TestBadConfig(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "base")+` (id int)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "kid")+` () INHERITS (`+qualified(s, "base")+`)`)
 	// A login role (trust auth, no password) that may not read "secret".
-	role := testenv.Unique("pga_role_")
-	mustExec(t, db, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`)
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize())
-		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+pgx.Identifier{role}.Sanitize())
-	})
+	role, _ := newRole(t, db, "pga_role_")
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+pgx.Identifier{role}.Sanitize())
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "ok")+` OWNER TO `+pgx.Identifier{role}.Sanitize())
 	// Privileges are not enough: dropping and commenting on triggers needs
@@ -141,13 +135,7 @@ func TestBadConfig(t *testing.T) {
 func TestPartitionTriggerPrivilegeOnlyWhenMade(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	role := testenv.Unique("pga_owner_")
-	rid := pgx.Identifier{role}.Sanitize()
-	mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
-		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
-	})
+	role, rid := newRole(t, db, "pga_owner_")
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
@@ -187,26 +175,16 @@ func TestPartitionTriggerPrivilegeOnlyWhenMade(t *testing.T) {
 func TestStrayTriggerTheRoleCannotDrop(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	var roles []string
-	for _, prefix := range []string{"pga_conn_", "pga_other_"} {
-		r := testenv.Unique(prefix)
-		rid := pgx.Identifier{r}.Sanitize()
-		mustExec(t, db, `CREATE ROLE `+rid+` LOGIN`)
-		t.Cleanup(func() {
-			_, _ = db.Exec(context.Background(), `DROP OWNED BY `+rid)
-			_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+rid)
-		})
-		roles = append(roles, r)
-	}
-	conn := pgx.Identifier{roles[0]}.Sanitize()
+	connRole, conn := newRole(t, db, "pga_conn_")
+	_, otherRole := newRole(t, db, "pga_other_")
 	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+conn)
 	for _, tb := range []string{"a", "b"} {
 		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY)`)
 		mustExec(t, db, `ALTER TABLE `+qualified(s, tb)+` OWNER TO `+conn)
 	}
-	roleURL := strings.Replace(url, "postgres@", roles[0]+"@", 1)
+	roleURL := strings.Replace(url, "postgres@", connRole+"@", 1)
 	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", roles[0], testenv.PostgresEnv)
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", connRole, testenv.PostgresEnv)
 	}
 	name := testenv.Unique("stray-")
 	l := connect.NewMemoryLedger()
@@ -214,7 +192,7 @@ func TestStrayTriggerTheRoleCannotDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` RENAME TO b2`)
-	mustExec(t, db, `ALTER TABLE `+qualified(s, "b2")+` OWNER TO `+pgx.Identifier{roles[1]}.Sanitize())
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "b2")+` OWNER TO `+otherRole)
 	_, err := tryStart(t, baseConfig(name, roleURL, s, s+".a"), l)
 	if err == nil || !strings.Contains(err.Error(), `table "`+s+`"."b2" is not configured but carries the connector's capture trigger`) || !strings.Contains(err.Error(), "DROP TRIGGER") {
 		t.Fatalf("Start with a stray trigger the role cannot drop: %v", err)
