@@ -1040,7 +1040,9 @@ func addImageColumns(ctx context.Context, conn *pgx.Conn, auditTable string) err
 	var missing bool
 	if err := conn.QueryRow(ctx, `
 SELECT pg_catalog.to_regclass($1) IS NOT NULL AND NOT EXISTS (
-  SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'image_table' AND NOT attisdropped)`, auditTable).Scan(&missing); err != nil {
+  SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'image_table' AND NOT attisdropped)
+  -- a table of the layout before binary images is refused later, unchanged
+  AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'changes' AND NOT attisdropped)`, auditTable).Scan(&missing); err != nil {
 		return fmt.Errorf("provisioning: inspecting the audit table %s: %w", auditTable, err)
 	}
 	if !missing {
