@@ -821,7 +821,10 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	moveTo := map[tableName]tableName{} // name filed under -> current name
 	ambiguous := map[tableName]bool{}
 	filing := map[tableName]bool{} // names configured tables' triggers file under, unchanged
-	type stray struct{ table, filedAs tableName }
+	type stray struct {
+		table, filedAs tableName
+		partitioned    bool
+	}
 	var strays []stray
 	for _, ct := range calling {
 		filedAs := ct.table
@@ -836,8 +839,8 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted())
 			delete(existing, ct.table.quoted()+" "+ct.trigger)
-			if !slices.Contains(strays, stray{ct.table, filedAs}) {
-				strays = append(strays, stray{ct.table, filedAs})
+			if st := (stray{ct.table, filedAs, ct.partitioned}); !slices.Contains(strays, st) {
+				strays = append(strays, st)
 			}
 			continue
 		}
@@ -884,21 +887,25 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	// found above: someone replaced them, or their table is gone).
 	purge := map[tableName]bool{}
 	for _, st := range strays {
-		if configured[st.filedAs.quoted()] {
+		_, moving := moveTo[st.filedAs]
+		if configured[st.filedAs.quoted()] && !st.partitioned && !moving && !filing[st.filedAs] {
 			// The name is still configured, for another table (the classic
 			// swap: orders renamed to orders_old, a new orders created).
-			// What the renamed table wrote since the rename goes with it;
-			// what it wrote before, under the configured name, stays that
-			// name's, decoded with the renamed table's columns (unless a
-			// configured table files under the name too: then whose is
-			// whose cannot be told).
-			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_schema = %s AND image_table = %s;\n",
-				v.Table, quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name), quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name))
-			if !filing[st.filedAs] {
-				fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s WHERE schema_name = %s AND table_name = %s AND (image_table IS NULL OR (image_schema = %s AND image_table = %s));\n",
-					v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name), quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name))
-			}
+			// What the renamed table wrote since the rename (under this or
+			// any later name: its image names the table, not the name the
+			// change is filed under) goes with it; what it wrote before
+			// stays the name's, read with the renamed table's columns.
+			fS, fN := quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name)
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_table IS NOT NULL AND NOT (image_schema = %s AND image_table = %s);\n",
+				v.Table, fS, fN, fS, fN)
+			fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s WHERE schema_name = %s AND table_name = %s;\n",
+				v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), fS, fN)
 			continue
+		}
+		if configured[st.filedAs.quoted()] && st.partitioned {
+			// A partitioned table's images name its partitions, before and
+			// after the rename alike: its changes cannot be told apart.
+			h.Logger.Warn("a renamed partitioned table's waiting changes go with it although a new table took its name: which were made before the rename cannot be told (let the connector drain before swapping partitioned tables)", "table", st.table.String(), "filed_as", st.filedAs.String())
 		}
 		purge[st.filedAs] = true
 	}
@@ -1330,10 +1337,11 @@ ORDER BY 1, 2, 3`, schemas, names, trigNames)
 
 // callingTrigger is a trigger, the table it is on and its arguments.
 type callingTrigger struct {
-	table   tableName
-	trigger string
-	args    []string
-	owned   bool // the current role may drop it (owns the table)
+	table       tableName
+	trigger     string
+	args        []string
+	owned       bool // the current role may drop it (owns the table)
+	partitioned bool // the table is partitioned
 }
 
 // triggersCalling lists the triggers that call function fn (quoted, with
@@ -1344,7 +1352,7 @@ func triggersCalling(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, skip map[string]bool) ([]callingTrigger, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs, pg_catalog.pg_has_role(c.relowner, 'USAGE')
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs, pg_catalog.pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p'
 FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
@@ -1359,7 +1367,7 @@ ORDER BY 1, 2, 3`, fn)
 	for rows.Next() {
 		var ct callingTrigger
 		var args []byte
-		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args, &ct.owned); err != nil {
+		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args, &ct.owned, &ct.partitioned); err != nil {
 			return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
 		}
 		ct.args = triggerArgs(args)
@@ -1409,31 +1417,46 @@ ORDER BY 1`, schemas, names, fn)
 		return "", fmt.Errorf("listing the owners of the captured partitioned tables: %w", err)
 	}
 	rows, err = q.Query(ctx, `
-SELECT DISTINCT CASE WHEN a.grantee = 0 THEN '' ELSE pg_catalog.pg_get_userbyid(a.grantee)::text END
+SELECT CASE WHEN a.grantee = 0 THEN '' ELSE pg_catalog.pg_get_userbyid(a.grantee)::text END, pg_catalog.bool_or(a.is_grantable)
 FROM pg_catalog.pg_proc p CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) AS a
 WHERE p.oid = pg_catalog.to_regprocedure($1) AND a.grantee <> p.proowner AND a.privilege_type = 'EXECUTE'
-ORDER BY 1`, fn)
+GROUP BY 1 ORDER BY 1`, fn)
 	if err != nil {
 		return "", fmt.Errorf("listing who may execute %s: %w", fn, err)
 	}
-	have, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type grant struct {
+		grantee   string // "" for PUBLIC
+		grantable bool
+	}
+	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (grant, error) {
+		var g grant
+		err := r.Scan(&g.grantee, &g.grantable)
+		return g, err
+	})
 	if err != nil {
 		return "", fmt.Errorf("listing who may execute %s: %w", fn, err)
 	}
+	// Grant options first (what their holders granted goes with them),
+	// then whoever should not have EXECUTE (CASCADE may take a wanted
+	// role's EXECUTE along, when it came through them), then EXECUTE for
+	// every wanted role, whether it had it or not.
 	var b strings.Builder
-	for _, r := range have {
-		if !slices.Contains(want, r) {
+	for _, g := range have {
+		if g.grantable && slices.Contains(want, g.grantee) {
+			fmt.Fprintf(&b, "REVOKE GRANT OPTION FOR EXECUTE ON FUNCTION %s FROM %s CASCADE;\n", fn, pgx.Identifier{g.grantee}.Sanitize())
+		}
+	}
+	for _, g := range have {
+		if !slices.Contains(want, g.grantee) {
 			grantee := "PUBLIC"
-			if r != "" {
-				grantee = pgx.Identifier{r}.Sanitize()
+			if g.grantee != "" {
+				grantee = pgx.Identifier{g.grantee}.Sanitize()
 			}
 			fmt.Fprintf(&b, "REVOKE EXECUTE ON FUNCTION %s FROM %s CASCADE;\n", fn, grantee)
 		}
 	}
 	for _, r := range want {
-		if !slices.Contains(have, r) {
-			fmt.Fprintf(&b, "GRANT EXECUTE ON FUNCTION %s TO %s;\n", fn, pgx.Identifier{r}.Sanitize())
-		}
+		fmt.Fprintf(&b, "GRANT EXECUTE ON FUNCTION %s TO %s;\n", fn, pgx.Identifier{r}.Sanitize())
 	}
 	return b.String(), nil
 }

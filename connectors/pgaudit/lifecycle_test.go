@@ -913,15 +913,30 @@ func TestRenamesThatReuseNames(t *testing.T) {
 		{
 			// What online schema-change tools do: the new table takes the
 			// old one's name.
-			name:     "a new table swapped in",
-			before:   []string{"a"},
-			writes1:  []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
-			renames:  []string{"a a_old"},
-			creates:  []string{"a c"},
-			writes2:  []string{`INSERT INTO %[1]s.a_old VALUES (2, 'gone')`},
+			name:    "a new table swapped in",
+			before:  []string{"a"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
+			renames: []string{"a a_old"},
+			creates: []string{"a c"},
+			// The old table's changes since the rename go with it, its
+			// TRUNCATE too (it is not the new table's).
+			writes2:  []string{`INSERT INTO %[1]s.a_old VALUES (2, 'gone')`, `TRUNCATE %[1]s.a_old`},
 			after:    []string{"a"},
 			writeNew: `INSERT INTO %[1]s.a VALUES (3, true)`,
 			want:     []row{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":3,"yc":true}`}},
+		},
+		{
+			name:    "renamed twice, then a new table swapped in",
+			before:  []string{"a"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
+			renames: []string{"a a_tmp", "!INSERT INTO %[1]s.a_tmp VALUES (2, 'gone')", "a_tmp a_old"},
+			creates: []string{"a c"},
+			writes2: []string{`INSERT INTO %[1]s.a_old VALUES (3, 'gone too')`},
+			after:   []string{"a"},
+			// a new table of another shape: a change decoded with its
+			// columns would show
+			writeNew: `INSERT INTO %[1]s.a VALUES (4, true)`,
+			want:     []renameRow{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":4,"yc":true}`}},
 		},
 	}
 	for _, level := range []string{levelStatement, levelRow} {
@@ -936,7 +951,7 @@ type renameCase struct {
 	name     string
 	before   []string // configured tables before the renames
 	writes1  []string // before the renames
-	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"
+	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"; "!SQL" runs SQL
 	creates  []string // tables created after the renames: "name shape-of"
 	writes2  []string // after the renames
 	after    []string // configured tables after
@@ -977,6 +992,10 @@ func renamesThatReuseNames(t *testing.T, level string, tt renameCase) {
 		mustExec(t, db, fmt.Sprintf(w, sq))
 	}
 	for _, rn := range tt.renames {
+		if sql, ok := strings.CutPrefix(rn, "!"); ok {
+			mustExec(t, db, fmt.Sprintf(sql, sq))
+			continue
+		}
 		from, to, _ := strings.Cut(rn, " ")
 		mustExec(t, db, `ALTER TABLE `+qualified(s, from)+` RENAME TO `+pgx.Identifier{to}.Sanitize())
 	}

@@ -601,8 +601,47 @@ func TestFunctionsExecutableOnlyAsIntended(t *testing.T) {
 	for _, fn := range fns {
 		mustExec(t, db, `GRANT EXECUTE ON FUNCTION `+fn+` TO `+other+` WITH GRANT OPTION`)
 	}
-	r := startConnector(t, cfg, l)
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
 	check("after grants by hand and a later Start")
+
+	// Grant chains. The owner's EXECUTE coming only through a role that
+	// should not have it survives that role's revocation; a grant option
+	// of the owner's is taken back with what it granted.
+	rowFn := fns[1]
+	middleRole, middle := newRole(t, db, "pga_mid_")
+	as := func(role, sql string) {
+		t.Helper()
+		c, err := pgx.Connect(ctx, strings.Replace(url, "postgres@", role+"@", 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatalf("as %s: %s: %v", role, sql, err)
+		}
+	}
+	mustExec(t, db, `REVOKE EXECUTE ON FUNCTION `+rowFn+` FROM `+owner)
+	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{audit}.Sanitize()+` TO `+middle+`, `+owner)
+	mustExec(t, db, `GRANT EXECUTE ON FUNCTION `+rowFn+` TO `+middle+` WITH GRANT OPTION`)
+	as(middleRole, `GRANT EXECUTE ON FUNCTION `+rowFn+` TO `+owner)
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	check("after a grant through another role")
+	var middleMay bool
+	if err := db.QueryRow(ctx, `SELECT has_function_privilege($1, $2::regprocedure, 'EXECUTE')`, middleRole, rowFn).Scan(&middleMay); err != nil || middleMay {
+		t.Errorf("%s keeps EXECUTE on %s (%v)", middleRole, rowFn, err)
+	}
+	mustExec(t, db, `GRANT EXECUTE ON FUNCTION `+rowFn+` TO `+owner+` WITH GRANT OPTION`)
+	as(ownerRole, `GRANT EXECUTE ON FUNCTION `+rowFn+` TO `+other)
+	r := startConnector(t, cfg, l)
+	check("after the owner passed EXECUTE on")
+	var grantOption bool
+	if err := db.QueryRow(ctx, `SELECT has_function_privilege($1, $2::regprocedure, 'EXECUTE WITH GRANT OPTION')`, ownerRole, rowFn).Scan(&grantOption); err != nil || grantOption {
+		t.Errorf("the owner keeps the grant option (%v)", err)
+	}
 	if err := r.stop(true); err != nil {
 		t.Fatal(err)
 	}

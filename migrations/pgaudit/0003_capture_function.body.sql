@@ -86,8 +86,10 @@ BEGIN
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP = 'TRUNCATE' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op)
-        VALUES (v_txid, v_schema, v_table, 't');
+        -- The image columns say which table was truncated when it is not
+        -- the one the changes are filed under (renamed since).
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op)
+        VALUES (v_txid, v_schema, v_table, v_img_schema, v_img_table, 't');
         v_rows := 1;
     END IF;
     -- A wake-up only, and only when a task is waiting for one: a NOTIFY
