@@ -553,9 +553,9 @@ SELECT current_database()::text,
                WHERE ns.nspname = $1 AND p.proname = $7 AND p.pronargs = 0),
        (SELECT obj_description(p.oid, 'pg_proc') FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
                WHERE ns.nspname = $1 AND p.proname = $7 AND p.pronargs = 0),
-       EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+       (SELECT count(*) FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
                JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-               WHERE ns.nspname = $1 AND c.relname = $2 AND a.attname = 'image_table' AND NOT a.attisdropped)`,
+               WHERE ns.nspname = $1 AND c.relname = $2 AND a.attname IN ('image_schema', 'image_table', 'image_relid') AND NOT a.attisdropped) = 3`,
 		s.auditSchema, n.table, n.function, n.wakeup, n.waiters, n.order, n.rowFunction).Scan(&db, &schemaExists, &tableExists, &functionExists, &wakeupExists, &functionMarker, &waitersExists, &orderExists, &orderMarker, &rowFunctionExists, &rowFunctionMarker, &imageColumns)
 	if err != nil {
 		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
@@ -650,7 +650,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		}
 	} else if !imageColumns {
 		// addImageColumns did not see the table (it was made meanwhile).
-		fmt.Fprintf(&script, "ALTER TABLE %s ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text;\n", v.Table)
+		fmt.Fprintf(&script, "ALTER TABLE %s ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text, ADD COLUMN IF NOT EXISTS image_relid oid;\n", v.Table)
 	}
 	if !wakeupExists || !waitersExists {
 		// A wake-up table of an earlier version has no waiters sequence
@@ -821,9 +821,11 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	moveTo := map[tableName]tableName{} // name filed under -> current name
 	ambiguous := map[tableName]bool{}
 	filing := map[tableName]bool{} // names configured tables' triggers file under, unchanged
+	relidOf := map[tableName]uint32{}
 	type stray struct {
 		table, filedAs tableName
 		partitioned    bool
+		relid          uint32
 	}
 	var strays []stray
 	for _, ct := range calling {
@@ -839,11 +841,12 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted())
 			delete(existing, ct.table.quoted()+" "+ct.trigger)
-			if st := (stray{ct.table, filedAs, ct.partitioned}); !slices.Contains(strays, st) {
+			if st := (stray{ct.table, filedAs, ct.partitioned, ct.relid}); !slices.Contains(strays, st) {
 				strays = append(strays, st)
 			}
 			continue
 		}
+		relidOf[ct.table] = ct.relid
 		wanted := slices.Contains(wantedTriggers(ct.table), ct.trigger)
 		stale := len(ct.args) != 2 || filedAs != ct.table
 		switch {
@@ -892,14 +895,15 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			// The name is still configured, for another table (the classic
 			// swap: orders renamed to orders_old, a new orders created).
 			// What the renamed table wrote since the rename (under this or
-			// any later name: its image names the table, not the name the
-			// change is filed under) goes with it; what it wrote before
-			// stays the name's, read with the renamed table's columns.
+			// any later name: the image names the table, and image_relid
+			// says it was this one, not one an earlier Start settled) goes
+			// with it; what it wrote before stays the name's, read with the
+			// renamed table's columns.
 			fS, fN := quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name)
-			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_table IS NOT NULL AND NOT (image_schema = %s AND image_table = %s);\n",
-				v.Table, fS, fN, fS, fN)
-			fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s WHERE schema_name = %s AND table_name = %s;\n",
-				v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), fS, fN)
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_relid = %d AND NOT (image_schema = %s AND image_table = %s);\n",
+				v.Table, fS, fN, st.relid, fS, fN)
+			fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s, image_relid = %d WHERE schema_name = %s AND table_name = %s AND image_table IS NULL OR (schema_name = %s AND table_name = %s AND image_schema = %s AND image_table = %s);\n",
+				v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), st.relid, fS, fN, fS, fN, fS, fN)
 			continue
 		}
 		if configured[st.filedAs.quoted()] && st.partitioned {
@@ -952,16 +956,20 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		var values []string
 		for _, from := range slices.SortedFunc(maps.Keys(moveTo), compareTables) {
 			to := moveTo[from]
-			values = append(values, fmt.Sprintf("(%s, %s, %s, %s)", quoteLiteral(from.Schema), quoteLiteral(from.Name), quoteLiteral(to.Schema), quoteLiteral(to.Name)))
+			values = append(values, fmt.Sprintf("(%s, %s, %s, %s, %d::pg_catalog.oid)", quoteLiteral(from.Schema), quoteLiteral(from.Name), quoteLiteral(to.Schema), quoteLiteral(to.Name), relidOf[to]))
 			h.Logger.Info("changes waiting under a table's earlier name now go under its current name", "table", to.String(), "earlier", from.String())
 		}
-		// Images recorded as the old name's are the moved table's: they
-		// follow it (a row-level trigger records its table's name always).
+		// Images of the moved table itself (recorded under the old name or
+		// any name it had, a row-level trigger records one always) need no
+		// name any more: it is the one they are now filed under. A
+		// partition's stay.
+		const own = `((a.image_schema = m.from_s AND a.image_table = m.from_t) OR a.image_relid = m.to_relid)`
 		fmt.Fprintf(&script, `UPDATE %s AS a SET schema_name = m.to_s, table_name = m.to_t,
-  image_schema = CASE WHEN a.image_schema = m.from_s AND a.image_table = m.from_t THEN NULL ELSE a.image_schema END,
-  image_table = CASE WHEN a.image_schema = m.from_s AND a.image_table = m.from_t THEN NULL ELSE a.image_table END
-FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;
-`, v.Table, strings.Join(values, ", "))
+  image_schema = CASE WHEN %s THEN NULL ELSE a.image_schema END,
+  image_table = CASE WHEN %s THEN NULL ELSE a.image_table END,
+  image_relid = CASE WHEN %s THEN NULL ELSE a.image_relid END
+FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;
+`, v.Table, own, own, own, strings.Join(values, ", "))
 	}
 
 	for _, t := range s.tables {
@@ -1046,8 +1054,9 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t) WHERE a.schema_name = m.from_s
 func addImageColumns(ctx context.Context, conn *pgx.Conn, auditTable string) error {
 	var missing bool
 	if err := conn.QueryRow(ctx, `
-SELECT pg_catalog.to_regclass($1) IS NOT NULL AND NOT EXISTS (
-  SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'image_table' AND NOT attisdropped)
+SELECT pg_catalog.to_regclass($1) IS NOT NULL AND (
+  SELECT count(*) FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1)
+  AND attname IN ('image_schema', 'image_table', 'image_relid') AND NOT attisdropped) < 3
   -- a table of the layout before binary images is refused later, unchanged
   AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attname = 'changes' AND NOT attisdropped)`, auditTable).Scan(&missing); err != nil {
 		return fmt.Errorf("provisioning: inspecting the audit table %s: %w", auditTable, err)
@@ -1060,11 +1069,11 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL AND NOT EXISTS (
 		return fmt.Errorf("provisioning: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'; ALTER TABLE `+auditTable+` ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text`); err != nil {
-		return fmt.Errorf("adding two columns to the audit table %s (an upgrade; it needs a moment's exclusive lock, which transactions writing the captured tables held; nothing was changed and Start is retried): %w", auditTable, err)
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'; ALTER TABLE `+auditTable+` ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text, ADD COLUMN IF NOT EXISTS image_relid oid`); err != nil {
+		return fmt.Errorf("adding columns to the audit table %s (an upgrade; it needs a moment's exclusive lock, which transactions writing the captured tables held; nothing was changed and Start is retried): %w", auditTable, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("adding two columns to the audit table %s: commit: %w", auditTable, err)
+		return fmt.Errorf("adding columns to the audit table %s: commit: %w", auditTable, err)
 	}
 	return nil
 }
@@ -1342,6 +1351,7 @@ type callingTrigger struct {
 	args        []string
 	owned       bool // the current role may drop it (owns the table)
 	partitioned bool // the table is partitioned
+	relid       uint32
 }
 
 // triggersCalling lists the triggers that call function fn (quoted, with
@@ -1352,7 +1362,7 @@ func triggersCalling(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, fn string, skip map[string]bool) ([]callingTrigger, error) {
 	rows, err := q.Query(ctx, `
-SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs, pg_catalog.pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p'
+SELECT ns.nspname::text, c.relname::text, tg.tgname::text, tg.tgargs, pg_catalog.pg_has_role(c.relowner, 'USAGE'), c.relkind = 'p', c.oid
 FROM pg_catalog.pg_trigger tg
 JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
@@ -1367,7 +1377,7 @@ ORDER BY 1, 2, 3`, fn)
 	for rows.Next() {
 		var ct callingTrigger
 		var args []byte
-		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args, &ct.owned, &ct.partitioned); err != nil {
+		if err := rows.Scan(&ct.table.Schema, &ct.table.Name, &ct.trigger, &args, &ct.owned, &ct.partitioned, &ct.relid); err != nil {
 			return nil, fmt.Errorf("listing the triggers that call %s: %w", fn, err)
 		}
 		ct.args = triggerArgs(args)

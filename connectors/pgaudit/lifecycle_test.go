@@ -938,6 +938,27 @@ func TestRenamesThatReuseNames(t *testing.T) {
 			writeNew: `INSERT INTO %[1]s.a VALUES (4, true)`,
 			want:     []renameRow{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":4,"yc":true}`}},
 		},
+		{
+			// A Start between two swaps: what the first settled stays.
+			name:    "two swaps, a Start between",
+			before:  []string{"a"},
+			writes1: []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
+			renames: []string{"a a_old", "!CREATE TABLE %[1]s.a (id int PRIMARY KEY, yc bool)", "@a",
+				"!INSERT INTO %[1]s.a VALUES (2, true)", "a a_old2", "!CREATE TABLE %[1]s.a (id int PRIMARY KEY, yb int)"},
+			after:    []string{"a"},
+			writeNew: `INSERT INTO %[1]s.a VALUES (3, 33)`,
+			want:     []renameRow{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":2,"yc":true}`}, {"a", `{"id":3,"yb":33}`}},
+		},
+		{
+			// A change made under an intermediate name and moved at one
+			// Start is its table's: a later swap keeps it.
+			name:     "moved, then swapped out",
+			before:   []string{"b"},
+			renames:  []string{"b x", "!INSERT INTO %[1]s.x VALUES (1, 11)", "x a", "@a", "a a_old", "!CREATE TABLE %[1]s.a (id int PRIMARY KEY, yc bool)"},
+			after:    []string{"a"},
+			writeNew: `INSERT INTO %[1]s.a VALUES (2, true)`,
+			want:     []renameRow{{"a", `{"id":1,"yb":11}`}, {"a", `{"id":2,"yc":true}`}},
+		},
 	}
 	for _, level := range []string{levelStatement, levelRow} {
 		for _, tt := range tests {
@@ -951,7 +972,7 @@ type renameCase struct {
 	name     string
 	before   []string // configured tables before the renames
 	writes1  []string // before the renames
-	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"; "!SQL" runs SQL
+	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"; "!SQL" runs SQL; "@t1 t2" starts and stops the connector on those tables (nothing delivered)
 	creates  []string // tables created after the renames: "name shape-of"
 	writes2  []string // after the renames
 	after    []string // configured tables after
@@ -994,6 +1015,12 @@ func renamesThatReuseNames(t *testing.T, level string, tt renameCase) {
 	for _, rn := range tt.renames {
 		if sql, ok := strings.CutPrefix(rn, "!"); ok {
 			mustExec(t, db, fmt.Sprintf(sql, sq))
+			continue
+		}
+		if tables, ok := strings.CutPrefix(rn, "@"); ok {
+			if err := startConnector(t, cfg(strings.Fields(tables)), l).stop(false); err != nil {
+				t.Fatal(err)
+			}
 			continue
 		}
 		from, to, _ := strings.Cut(rn, " ")

@@ -329,7 +329,7 @@ func TestUpgradeFromEarlierLayout(t *testing.T) {
 	mustExec(t, db, `INSERT INTO `+plain+` VALUES (1)`)
 	// An audit table as an earlier version made it.
 	at := qualified(audit, n.table)
-	mustExec(t, db, `ALTER TABLE `+at+` DROP COLUMN image_schema, DROP COLUMN image_table`)
+	mustExec(t, db, `ALTER TABLE `+at+` DROP COLUMN image_schema, DROP COLUMN image_table, DROP COLUMN image_relid`)
 
 	r = startConnector(t, baseConfig(name, url, audit, s+".plain", s+".p"), l)
 	defer func() { _ = r.stop(true) }()

@@ -10,6 +10,9 @@
 -- before/after are array_send images of N rows, paired by position).
 -- delivered counts the leading changes of the row Kafka already has, so a
 -- restart resumes inside a partly delivered row.
+-- image_relid is that table's OID when the change was written: it tells
+-- which table wrote a change whose image names another table since
+-- (decisions 0048, 0049).
 -- image_schema/image_table name the table whose row type the images have
 -- when that is not schema_name.table_name: a partition, captured through
 -- its partitioned table (row-level capture, docs/decisions/0048).
@@ -25,6 +28,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     before      bytea{{.Compression}},
     after       bytea{{.Compression}},
     image_schema text,
-    image_table  text
+    image_table  text,
+    image_relid  oid
 );
 COMMENT ON TABLE {{.Table}} IS {{.Marker}};

@@ -10,10 +10,12 @@ DECLARE
     v_table      text := COALESCE(TG_ARGV[1], TG_TABLE_NAME);
     v_img_schema text;
     v_img_table  text;
+    v_img_relid  oid;
 BEGIN
     IF v_table <> TG_TABLE_NAME OR v_schema <> TG_TABLE_SCHEMA THEN
         v_img_schema := TG_TABLE_SCHEMA;
         v_img_table := TG_TABLE_NAME;
+        v_img_relid := TG_RELID;
     END IF;
     -- The first {{.Single}} changed rows of a statement get one audit row
     -- each (the cheapest shape for the many single-row statements); only a
@@ -22,8 +24,8 @@ BEGIN
     -- arrays of record_send images (bytea[]): n.* rather than n names the
     -- whole row even when the table has a column called n.
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, after)
-        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'c', pg_catalog.record_send(n.*)
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, after)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.record_send(n.*)
         FROM tidyconnect_new n LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
@@ -31,8 +33,8 @@ BEGIN
             -- disk would cost more than the grouping saves.
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, after)
-            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'c', pg_catalog.count(*),
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
             WHERE g.rn > {{.Single}}
@@ -46,16 +48,16 @@ BEGIN
         -- both sides and joining them (about 7% more UPDATEs per second in
         -- pgbench, docs/pgaudit.md). Multi-array unnest is FROM-clause
         -- syntax and cannot be schema-qualified; search_path is pg_catalog.
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, before, after)
-        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'u', u.o, u.n
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, before, after)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', u.o, u.n
         FROM unnest(ARRAY(SELECT pg_catalog.record_send(o.*) FROM tidyconnect_old o LIMIT {{.Single}}),
                     ARRAY(SELECT pg_catalog.record_send(n.*) FROM tidyconnect_new n LIMIT {{.Single}})) AS u(o, n);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, before, after)
-            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'u', o.cnt, o.img, n.img
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
             FROM (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
                          pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
                   FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
@@ -69,15 +71,15 @@ BEGIN
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, before)
-        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'd', pg_catalog.record_send(o.*)
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, before)
+        SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.record_send(o.*)
         FROM tidyconnect_old o LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows = {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op, changes, before)
-            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, 'd', pg_catalog.count(*),
+            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before)
+            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
             WHERE g.rn > {{.Single}}
@@ -88,8 +90,8 @@ BEGIN
     ELSIF TG_OP = 'TRUNCATE' THEN
         -- The image columns say which table was truncated when it is not
         -- the one the changes are filed under (renamed since).
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, op)
-        VALUES (v_txid, v_schema, v_table, v_img_schema, v_img_table, 't');
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op)
+        VALUES (v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 't');
         v_rows := 1;
     END IF;
     -- A wake-up only, and only when a task is waiting for one: a NOTIFY

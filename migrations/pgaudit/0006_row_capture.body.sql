@@ -6,14 +6,14 @@ BEGIN
     -- another partition fires DELETE on the old partition and INSERT on the
     -- new one, as PostgreSQL's logical replication reports it.
     IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after, image_schema, image_table)
-        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'c', pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, after, image_schema, image_table, image_relid)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'c', pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_RELID);
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after, image_schema, image_table)
-        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'u', pg_catalog.record_send(OLD), pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, after, image_schema, image_table, image_relid)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'u', pg_catalog.record_send(OLD), pg_catalog.record_send(NEW), TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_RELID);
     ELSE
-        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, image_schema, image_table)
-        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'd', pg_catalog.record_send(OLD), TG_TABLE_SCHEMA, TG_TABLE_NAME);
+        INSERT INTO {{.Table}} (txid, schema_name, table_name, op, before, image_schema, image_table, image_relid)
+        VALUES (pg_catalog.pg_current_xact_id(), TG_ARGV[0], TG_ARGV[1], 'd', pg_catalog.record_send(OLD), TG_TABLE_SCHEMA, TG_TABLE_NAME, TG_RELID);
     END IF;
     -- A wake-up only when a task waits for one (docs/decisions/0045); a
     -- transaction's identical notifications are sent once.
