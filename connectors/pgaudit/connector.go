@@ -896,11 +896,12 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			// swap: orders renamed to orders_old, a new orders created).
 			// What the renamed table wrote since the rename (under this or
 			// any later name: the image names the table, and image_relid
-			// says it was this one, not one an earlier Start settled) goes
+			// says it was this one, not one an earlier Start settled; rows
+			// written before image_relid existed have none) goes
 			// with it; what it wrote before stays the name's, read with the
 			// renamed table's columns.
 			fS, fN := quoteLiteral(st.filedAs.Schema), quoteLiteral(st.filedAs.Name)
-			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND image_relid = %d AND NOT (image_schema = %s AND image_table = %s);\n",
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s AND (image_relid = %d OR (image_relid IS NULL AND image_table IS NOT NULL)) AND NOT (image_schema = %s AND image_table = %s);\n",
 				v.Table, fS, fN, st.relid, fS, fN)
 			fmt.Fprintf(&script, "UPDATE %s SET image_schema = %s, image_table = %s, image_relid = %d WHERE schema_name = %s AND table_name = %s AND image_table IS NULL OR (schema_name = %s AND table_name = %s AND image_schema = %s AND image_table = %s);\n",
 				v.Table, quoteLiteral(st.table.Schema), quoteLiteral(st.table.Name), st.relid, fS, fN, fS, fN, fS, fN)
