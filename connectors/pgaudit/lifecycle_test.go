@@ -939,6 +939,16 @@ func TestRenamesThatReuseNames(t *testing.T) {
 			want:     []renameRow{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":4,"yc":true}`}},
 		},
 		{
+			// Written by a version whose audit rows had no image_relid.
+			name:     "a new table swapped in, before image_relid",
+			before:   []string{"a"},
+			writes1:  []string{`INSERT INTO %[1]s.a VALUES (1, 'a1')`},
+			renames:  []string{"a a_old", "!CREATE TABLE %[1]s.a (id int PRIMARY KEY, yc bool)", "!INSERT INTO %[1]s.a_old VALUES (2, 'a2')", "%drop-relid"},
+			after:    []string{"a"},
+			writeNew: `INSERT INTO %[1]s.a VALUES (3, true)`,
+			want:     []renameRow{{"a", `{"id":1,"ya":"a1"}`}, {"a", `{"id":3,"yc":true}`}},
+		},
+		{
 			// A Start between two swaps: what the first settled stays.
 			name:    "two swaps, a Start between",
 			before:  []string{"a"},
@@ -972,7 +982,7 @@ type renameCase struct {
 	name     string
 	before   []string // configured tables before the renames
 	writes1  []string // before the renames
-	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"; "!SQL" runs SQL; "@t1 t2" starts and stops the connector on those tables (nothing delivered)
+	renames  []string // ALTER TABLE ... RENAME TO, in order: "from to"; "!SQL" runs SQL; "@t1 t2" starts and stops the connector on those tables (nothing delivered); "%drop-relid" drops the audit table's image_relid
 	creates  []string // tables created after the renames: "name shape-of"
 	writes2  []string // after the renames
 	after    []string // configured tables after
@@ -1015,6 +1025,11 @@ func renamesThatReuseNames(t *testing.T, level string, tt renameCase) {
 	for _, rn := range tt.renames {
 		if sql, ok := strings.CutPrefix(rn, "!"); ok {
 			mustExec(t, db, fmt.Sprintf(sql, sq))
+			continue
+		}
+		if rn == "%drop-relid" {
+			// The audit table as a version before image_relid left it.
+			mustExec(t, db, `ALTER TABLE `+qualified(audit, objectNames(name).table)+` DROP COLUMN image_relid`)
 			continue
 		}
 		if tables, ok := strings.CutPrefix(rn, "@"); ok {
