@@ -593,7 +593,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		}
 	}
 	for _, a := range adopt {
-		if a.marker != nil && *a.marker == n.marker && !slices.Contains(before, a.r) {
+		if isMarked(a.marker, n.marker) && !slices.Contains(before, a.r) {
 			if err := own(a.r); err != nil {
 				return err
 			}
@@ -650,7 +650,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		}
 	} else if !imageColumns {
 		// addImageColumns did not see the table (it was made meanwhile).
-		fmt.Fprintf(&script, "ALTER TABLE %s ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text, ADD COLUMN IF NOT EXISTS image_relid oid;\n", v.Table)
+		fmt.Fprintf(&script, "ALTER TABLE %s %s;\n", v.Table, addImageColumnsSQL)
 	}
 	if !wakeupExists || !waitersExists {
 		// A wake-up table of an earlier version has no waiters sequence
@@ -670,37 +670,32 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			return err
 		}
 	}
-	// The function is (re)created when missing or when it carries our
+	// A function is (re)created when missing or when it carries our
 	// marker, so an upgrade ships a new body; someone else's is left alone.
-	if !functionExists || (functionMarker != nil && *functionMarker == n.marker) {
-		if !functionExists {
-			if err := own(functionRes(db, s.auditSchema, n.function)); err != nil {
+	makeFunction := !functionExists || isMarked(functionMarker, n.marker)
+	makeRowFunction := !rowFunctionExists || isMarked(rowFunctionMarker, n.marker)
+	for _, f := range []struct {
+		make, exists    bool
+		name, migration string
+	}{
+		{makeFunction, functionExists, n.function, "0003_capture_function"},
+		{makeRowFunction, rowFunctionExists, n.rowFunction, "0006_row_capture"},
+	} {
+		if !f.make {
+			continue
+		}
+		if !f.exists {
+			if err := own(functionRes(db, s.auditSchema, f.name)); err != nil {
 				return err
 			}
 		}
-		body, err := render("0003_capture_function.body.sql", "", v)
+		body, err := render(f.migration+".body.sql", "", v)
 		if err != nil {
 			return err
 		}
 		fv := v
 		fv.Body = quoteLiteral(body)
-		if err := add("0003_capture_function.up.sql", "", fv); err != nil {
-			return err
-		}
-	}
-	if !rowFunctionExists || (rowFunctionMarker != nil && *rowFunctionMarker == n.marker) {
-		if !rowFunctionExists {
-			if err := own(functionRes(db, s.auditSchema, n.rowFunction)); err != nil {
-				return err
-			}
-		}
-		body, err := render("0006_row_capture.body.sql", "", v)
-		if err != nil {
-			return err
-		}
-		fv := v
-		fv.Body = quoteLiteral(body)
-		if err := add("0006_row_capture.up.sql", "", fv); err != nil {
+		if err := add(f.migration+".up.sql", "", fv); err != nil {
 			return err
 		}
 	}
@@ -764,10 +759,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	for _, t := range s.tables {
 		configured[t.quoted()] = true
 	}
-	ours := func(key string) bool {
-		m, ok := existing[key]
-		return ok && m != nil && *m == n.marker
-	}
+	ours := func(key string) bool { return isMarked(existing[key], n.marker) }
 	dropTrigger := func(t tableName, trig string) error {
 		tv := v
 		tv.Captured, tv.Trigger = t.quoted(), pgx.Identifier{trig}.Sanitize()
@@ -806,8 +798,8 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		ours   bool
 		quoted string
 	}{
-		{functionExists && functionMarker != nil && *functionMarker == n.marker, v.Function},
-		{rowFunctionExists && rowFunctionMarker != nil && *rowFunctionMarker == n.marker, v.RowFunction},
+		{isMarked(functionMarker, n.marker), v.Function},
+		{isMarked(rowFunctionMarker, n.marker), v.RowFunction},
 	} {
 		if !fn.ours {
 			continue
@@ -979,7 +971,7 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 				// The connector's own trigger that the ledger does not list
 				// (its table was renamed to this name): list it again, so a
 				// later reconfiguration or deletion finds it.
-				if r := triggerRes(db, t, trig); marker != nil && *marker == n.marker && !slices.Contains(before, r) {
+				if r := triggerRes(db, t, trig); isMarked(marker, n.marker) && !slices.Contains(before, r) {
 					if err := own(r); err != nil {
 						return err
 					}
@@ -1009,8 +1001,8 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 		ours   bool
 		owners bool
 	}{
-		{v.Function + "()", !functionExists || (functionMarker != nil && *functionMarker == n.marker), false},
-		{v.RowFunction + "()", !rowFunctionExists || (rowFunctionMarker != nil && *rowFunctionMarker == n.marker), true},
+		{v.Function + "()", makeFunction, false},
+		{v.RowFunction + "()", makeRowFunction, true},
 		{v.Order + "()", s.commitOrder, false},
 	} {
 		if !fn.ours {
@@ -1046,7 +1038,11 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 	return nil
 }
 
-// addImageColumns adds image_schema and image_table to an audit table made
+// addImageColumnsSQL is the ALTER TABLE action that brings an audit table
+// made before decisions 0048 and 0049 up to date.
+const addImageColumnsSQL = `ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text, ADD COLUMN IF NOT EXISTS image_relid oid`
+
+// addImageColumns adds image_schema, image_table and image_relid to an audit table made
 // before row-level capture (0048), in a transaction of its own: the ALTER
 // takes an ACCESS EXCLUSIVE lock on the audit table, which every capturing
 // writer inserts into, so it must not be held through provisioning. A
@@ -1070,7 +1066,7 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL AND (
 		return fmt.Errorf("provisioning: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'; ALTER TABLE `+auditTable+` ADD COLUMN IF NOT EXISTS image_schema text, ADD COLUMN IF NOT EXISTS image_table text, ADD COLUMN IF NOT EXISTS image_relid oid`); err != nil {
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '2s'; ALTER TABLE `+auditTable+` `+addImageColumnsSQL); err != nil {
 		return fmt.Errorf("adding columns to the audit table %s (an upgrade; it needs a moment's exclusive lock, which transactions writing the captured tables held; nothing was changed and Start is retried): %w", auditTable, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -1078,6 +1074,9 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL AND (
 	}
 	return nil
 }
+
+// isMarked reports whether an object's comment m (nil: none) is marker.
+func isMarked(m *string, marker string) bool { return m != nil && *m == marker }
 
 // resourceDB is the database a ledger entry names.
 func resourceDB(r connect.Resource) string {
@@ -1246,9 +1245,9 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 	own func(connect.Resource) error, add func(file, block string, v sqlVars) error) (removed []connect.Resource, err error) {
 	audit := tableName{s.auditSchema, n.table}
 	fnRes, trigRes := functionRes(db, s.auditSchema, n.order), triggerRes(db, audit, n.order)
-	fnOurs := fnExists && fnMarker != nil && *fnMarker == n.marker
+	fnOurs := isMarked(fnMarker, n.marker)
 	trigMarker, trigExists := existing[audit.quoted()+" "+n.order]
-	trigOurs := trigExists && trigMarker != nil && *trigMarker == n.marker
+	trigOurs := trigExists && isMarked(trigMarker, n.marker)
 	tv := v
 	tv.Trigger = pgx.Identifier{n.order}.Sanitize()
 	if s.commitOrder {
@@ -1652,7 +1651,7 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 				tg.exists = true
 			}
 		}
-		tg.ours = marker != nil && *marker == n.marker
+		tg.ours = isMarked(marker, n.marker)
 		if !tg.exists {
 			continue
 		}

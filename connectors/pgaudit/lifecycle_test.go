@@ -125,10 +125,7 @@ func TestCleanupOnDeleteFalse(t *testing.T) {
 			t.Errorf("%s is left after the re-created connector's deletion", rel)
 		}
 	}
-	var fns int
-	if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_proc WHERE starts_with(proname::text, $1)`, n.base).Scan(&fns); err != nil {
-		t.Fatal(err)
-	}
+	fns := functionsOf(t, db, cfg["name"])
 	if n := triggerCount(t, db, s, "kept"); n != 0 || fns != 0 {
 		t.Errorf("after the re-created connector's deletion: %d triggers, %d functions left", n, fns)
 	}
