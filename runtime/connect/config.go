@@ -2,7 +2,6 @@ package connect
 
 import (
 	"fmt"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -256,30 +255,45 @@ func looksSecret(name string) bool {
 // MaskedPassword stands for a password inside a masked URL or DSN.
 const MaskedPassword = "xxxxx"
 
-var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)`)
+// dsnPassword finds password and sslpassword (the client key's passphrase)
+// in a key=value DSN; uriPassword finds them among a URL's query parameters.
+var (
+	dsnPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)`)
+	uriPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&#\s]*)`)
+)
 
-// MaskCredentials hides the password in a URL (scheme://user:pass@host) or a
-// key=value DSN (password=...). Other strings are returned unchanged.
+// MaskCredentials hides the passwords in a URL (scheme://user:pass@host, and
+// password or sslpassword query parameters) or a key=value DSN (password=...,
+// sslpassword=...). Other strings are returned unchanged.
+//
+// It does not parse the URL: libpq (and pgx) take the user part up to the
+// first '@' before the first '/', so a password may hold '#', '?' or a
+// stray '%' that net/url refuses or reads otherwise, and the URL still
+// connects. Whatever precedes the last '@' before the first '/' after the
+// scheme is taken as user info (or, without one there, what precedes the
+// first '@'), which masks at least the password under either reading.
 func MaskCredentials(s string) string {
-	if strings.Contains(s, "://") {
-		if u, err := url.Parse(s); err == nil && u.User != nil {
-			if _, has := u.User.Password(); has {
-				u.User = url.UserPassword(u.User.Username(), MaskedPassword)
-				s = u.String()
-			}
-		}
-		// A password given as a query parameter (libpq accepts it).
-		if u, err := url.Parse(s); err == nil && u.RawQuery != "" {
-			q := u.Query()
-			if q.Has("password") {
-				q.Set("password", MaskedPassword)
-				u.RawQuery = q.Encode()
-				s = u.String()
-			}
-		}
-		return s
+	i := strings.Index(s, "://")
+	if i < 0 {
+		return dsnPassword.ReplaceAllString(s, "${1}"+MaskedPassword)
 	}
-	return dsnPassword.ReplaceAllString(s, "${1}"+MaskedPassword)
+	head, rest := s[:i+3], s[i+3:]
+	authority := rest
+	if j := strings.IndexByte(rest, '/'); j >= 0 {
+		authority = rest[:j]
+	}
+	at := strings.LastIndexByte(authority, '@')
+	if at < 0 {
+		// A '/' in the password: not a URL libpq can use, but its
+		// error messages would still quote it.
+		at = strings.IndexByte(rest, '@')
+	}
+	if at >= 0 {
+		if colon := strings.IndexByte(rest[:at], ':'); colon >= 0 {
+			rest = rest[:colon+1] + MaskedPassword + rest[at:]
+		}
+	}
+	return head + uriPassword.ReplaceAllString(rest, "${1}"+MaskedPassword)
 }
 
 // Unmask returns update with masked values replaced by the stored values

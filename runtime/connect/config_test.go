@@ -59,6 +59,21 @@ func TestMaskCredentials(t *testing.T) {
 		{"host=h password='a b' dbname=d", "host=h password=xxxxx dbname=d"},
 		{"postgres://u@h/db", "postgres://u@h/db"},
 		{"plain", "plain"},
+		// Passwords net/url cannot read, or reads otherwise, than libpq.
+		{"postgres://postgres:S3cr#PW@127.0.0.1:5432/test", "postgres://postgres:xxxxx@127.0.0.1:5432/test"},
+		{"postgres://u:a?b@h/db?sslmode=disable", "postgres://u:xxxxx@h/db?sslmode=disable"},
+		{"postgres://u:S3cr%zzPW@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:p@ss@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:pw@[::1:5432/db", "postgres://u:xxxxx@[::1:5432/db"},
+		{"postgres://u:pw@h1:5432,h2:5433/db", "postgres://u:xxxxx@h1:5432,h2:5433/db"},
+		{"postgres://u:@h/db", "postgres://u:xxxxx@h/db"},
+		// A '/' in a password: libpq cannot use the URL, but errors quote it.
+		{"postgres://u:S3cr/PW@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://h:5432/db?sslmode=disable", "postgres://h:5432/db?sslmode=disable"},
+		// sslpassword: the passphrase of the client's key.
+		{"postgres://u@h/db?sslmode=verify-full&sslpassword=k3y&password=s3cret", "postgres://u@h/db?sslmode=verify-full&sslpassword=xxxxx&password=xxxxx"},
+		{"host=h sslpassword=k3y password=s3cret", "host=h sslpassword=xxxxx password=xxxxx"},
+		{"host=h sslpassword = 'k 3y'", "host=h sslpassword = xxxxx"},
 	}
 	for _, tt := range tests {
 		if got := MaskCredentials(tt.in); got != tt.want {

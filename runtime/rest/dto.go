@@ -337,7 +337,7 @@ func writeEmpty(w http.ResponseWriter, status int) {
 
 var (
 	urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.\-]*://[^\s"'<>]+`)
-	dsnInText = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s;,]+)`)
+	dsnInText = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s;,]+)`)
 )
 
 // scrub masks credentials inside free text (error messages, traces): a

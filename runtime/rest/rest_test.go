@@ -255,6 +255,10 @@ func TestEndpoints(t *testing.T) {
 			f.connectors["src"].failed[1] = "dial amqp://guest:s3cret@mq:5672/: refused"
 		}, method: "GET", path: "/connectors/src/tasks/1/status", wantStatus: 200,
 			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"dial amqp://guest:xxxxx@mq:5672/: refused"}`},
+		{name: "credentials net/url cannot parse are masked in traces", prepare: func(f *fakeHerder) {
+			f.connectors["src"].failed[1] = "connecting to postgres://app:S3cr#P?W@db:5432/x failed; sslpassword=k3y rejected"
+		}, method: "GET", path: "/connectors/src/tasks/1/status", wantStatus: 200,
+			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"connecting to postgres://app:xxxxx@db:5432/x failed; sslpassword=xxxxx rejected"}`},
 		// Routing.
 		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, wantMsg: []string{"no such endpoint"}},
 		{name: "unclean path is cleaned, not redirected", method: "GET", path: "/connectors//src/./tasks/../status/", wantStatus: 200, wantBody: srcStatus},
