@@ -233,6 +233,8 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
        -- one (the ownership marker) need the table owner's rights
        coalesce(pg_has_role(c.relowner, 'USAGE'), false), coalesce(pg_get_userbyid(c.relowner)::text, ''),
        current_user::text,
+       -- a tidyconnect connector's own object (audit or wake-up table)
+       coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), ''),
        -- inheritance (not partitioning) children and parent
        EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class ch ON ch.oid = i.inhrelid
                WHERE i.inhparent = c.oid AND NOT ch.relispartition),
@@ -276,12 +278,13 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 			sel, trig      bool
 			owns           bool
 			owner, user    string
+			comment        string
 			children       bool
 			parent         *string
 			ancSch, ancTab []string
 			noTrigger      []string // partitions without TRIGGER privilege
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -298,6 +301,11 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 			problems = append(problems, fmt.Sprintf("table %s does not exist: create it or remove it from %s", t.quoted(), KeyTables))
 		case *kind != "r" && *kind != "p":
 			problems = append(problems, fmt.Sprintf("%s is not a table (relkind %s): only tables can be captured", t.quoted(), *kind))
+		// Its triggers would fire for the connector's own inserts, each of
+		// which writes another audit row: writers would fail with "stack
+		// depth limit exceeded".
+		case strings.HasPrefix(comment, "tidyconnect:"):
+			problems = append(problems, fmt.Sprintf("table %s belongs to tidyconnect connector %q (its comment says so): it holds captured changes, and capturing it would capture the connectors' own writes; remove it from %s", t.quoted(), strings.TrimPrefix(comment, "tidyconnect:"), KeyTables))
 		// Row-level triggers are cloned onto partitions, not onto
 		// inheritance children; statement-level ones fire only for the
 		// table a statement names. Either way writes would be missed.

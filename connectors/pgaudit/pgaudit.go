@@ -74,8 +74,17 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyAuditSchema, Type: connect.TypeString, Default: "tidyconnect", Importance: connect.ImportanceMedium, Group: "Capture", Order: 4,
 			DisplayName: "Audit schema", Doc: "Schema holding the connector's audit table, wake-up table (with its sequence) and trigger function; created (and then owned) if missing.",
 			Validate: func(v string) error {
-				if len(v) > 63 {
+				switch {
+				case len(v) > 63:
 					return fmt.Errorf("a PostgreSQL identifier has at most 63 bytes")
+				case strings.ContainsRune(v, 0):
+					return fmt.Errorf("a PostgreSQL name cannot contain a NUL byte")
+				case strings.TrimSpace(v) != v:
+					// The value is the schema's name as it is, not SQL:
+					// spaces would become part of it.
+					return fmt.Errorf("has leading or trailing spaces, which would be part of the schema's name: remove them")
+				case strings.HasPrefix(v, "pg_"):
+					return fmt.Errorf("names starting with pg_ are reserved for PostgreSQL's system schemas: choose another schema")
 				}
 				return nil
 			}},

@@ -62,6 +62,14 @@ func parseTables(s string) ([]tableName, error) {
 			bad = append(bad, fmt.Sprintf("%q: a PostgreSQL identifier has at most 63 bytes", item))
 			continue
 		}
+		if strings.ContainsRune(t.Schema+t.Name, 0) {
+			bad = append(bad, fmt.Sprintf("%q: a PostgreSQL name cannot contain a NUL byte", item))
+			continue
+		}
+		if strings.HasPrefix(t.Schema, "pg_") {
+			bad = append(bad, fmt.Sprintf("%q: %s is a PostgreSQL system schema (the pg_ prefix is reserved); its tables cannot be captured", item, t.Schema))
+			continue
+		}
 		if seen[t] {
 			bad = append(bad, fmt.Sprintf("%q: listed twice", item))
 			continue

@@ -44,6 +44,13 @@ func TestBadConfig(t *testing.T) {
 	if roleURL == url {
 		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
 	}
+	// Another connector's audit and wake-up tables: capturing them would
+	// capture the connectors' own writes.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "other")+` (id int)`)
+	otherAudit := auditSchemaFor(t, db)
+	other := startConnector(t, baseConfig(testenv.Unique("other-"), url, otherAudit, s+".other"), connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = other.stop(true) })
+	otherNames := objectNames(other.name)
 
 	tests := []struct {
 		name    string
@@ -51,25 +58,37 @@ func TestBadConfig(t *testing.T) {
 		tables  string
 		key     string
 		mention string
+		// audit replaces the test's fresh audit schema name when set.
+		audit string
 	}{
-		{"missing table", url, s + ".ok," + s + ".nope", KeyTables, `"nope" does not exist`},
-		{"not a table", url, s + ".v", KeyTables, "is not a table"},
-		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`},
-		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege"},
-		{"not the owner", roleURL, s + ".notmine", KeyTables, `role "` + role + `" does not own table "` + s + `"."notmine"`},
-		{"no TRIGGER permission on a partition", roleURL, s + ".rparted", KeyTables, `no TRIGGER privilege on "` + s + `"."rpart1", a partition of "` + s + `"."rparted"`},
-		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1"},
-		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed"},
-		{"unterminated quote", url, `"` + s + `.ok`, KeyTables, "unterminated"},
-		{"bad topic prefix", url, s + ".ok", KeyTopicPrefix, "a-z"},
-		{"partition and its partitioned table", url, s + ".parted," + s + ".part1", KeyTables, `table "` + s + `"."part1" is a partition of "` + s + `"."parted", which is also in tables`},
-		{"partitioned table and its partition", url, s + ".part1," + s + ".parted", KeyTables, `table "` + s + `"."part1" is a partition of "` + s + `"."parted", which is also in tables`},
-		{"inheritance parent", url, s + ".base", KeyTables, `table "` + s + `"."base" has inheritance child tables`},
-		{"inheritance child", url, s + ".kid", KeyTables, `table "` + s + `"."kid" is an inheritance child of`},
+		{"missing table", url, s + ".ok," + s + ".nope", KeyTables, `"nope" does not exist`, ""},
+		{"not a table", url, s + ".v", KeyTables, "is not a table", ""},
+		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`, ""},
+		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege", ""},
+		{"not the owner", roleURL, s + ".notmine", KeyTables, `role "` + role + `" does not own table "` + s + `"."notmine"`, ""},
+		{"no TRIGGER permission on a partition", roleURL, s + ".rparted", KeyTables, `no TRIGGER privilege on "` + s + `"."rpart1", a partition of "` + s + `"."rparted"`, ""},
+		{"unreachable URL", "postgres://postgres:hunter2@127.0.0.1:1/test?sslmode=disable&connect_timeout=2", s + ".ok", KeyURL, "127.0.0.1:1", ""},
+		{"malformed tables", url, s + ".ok,,a.b.c", KeyTables, "malformed", ""},
+		{"unterminated quote", url, `"` + s + `.ok`, KeyTables, "unterminated", ""},
+		{"bad topic prefix", url, s + ".ok", KeyTopicPrefix, "a-z", ""},
+		{"partition and its partitioned table", url, s + ".parted," + s + ".part1", KeyTables, `table "` + s + `"."part1" is a partition of "` + s + `"."parted", which is also in tables`, ""},
+		{"partitioned table and its partition", url, s + ".part1," + s + ".parted", KeyTables, `table "` + s + `"."part1" is a partition of "` + s + `"."parted", which is also in tables`, ""},
+		{"inheritance parent", url, s + ".base", KeyTables, `table "` + s + `"."base" has inheritance child tables`, ""},
+		{"inheritance child", url, s + ".kid", KeyTables, `table "` + s + `"."kid" is an inheritance child of`, ""},
+		{"another connector's audit table", url, s + ".ok," + otherAudit + "." + otherNames.table, KeyTables, `belongs to tidyconnect connector "` + other.name + `"`, ""},
+		{"another connector's wake-up table", url, otherAudit + "." + otherNames.wakeup, KeyTables, `belongs to tidyconnect connector "` + other.name + `"`, ""},
+		{"system catalog", url, "pg_catalog.pg_am", KeyTables, "pg_catalog is a PostgreSQL system schema", ""},
+		{"NUL byte in a table name", url, s + ".o\x00k", KeyTables, "NUL byte", ""},
+		{"reserved audit schema", url, s + ".ok", KeyAuditSchema, "reserved for PostgreSQL's system schemas", "pg_" + testenv.Unique("a")},
+		{"audit schema with spaces", url, s + ".ok", KeyAuditSchema, "leading or trailing spaces", " " + testenv.Unique("a") + " "},
+		{"NUL byte in the audit schema", url, s + ".ok", KeyAuditSchema, "NUL byte", "a\x00b"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			audit := auditSchemaFor(t, db)
+			if tt.audit != "" {
+				audit = tt.audit
+			}
 			cfg := baseConfig(testenv.Unique("bad-"), tt.url, audit, tt.tables)
 			if tt.key == KeyTopicPrefix {
 				cfg[KeyTopicPrefix] = "no spaces/allowed"
@@ -95,7 +114,7 @@ func TestBadConfig(t *testing.T) {
 				t.Errorf("ledger lists %v after a rejected config", rs)
 			}
 			var exists bool
-			if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, audit).Scan(&exists); err != nil {
+			if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, strings.ReplaceAll(audit, "\x00", "")).Scan(&exists); err != nil {
 				t.Fatal(err)
 			}
 			if exists {
@@ -106,6 +125,16 @@ func TestBadConfig(t *testing.T) {
 			}
 		})
 	}
+
+	// A connector reconfigured to capture its own audit table as well.
+	t.Run("own audit table", func(t *testing.T) {
+		cfg := other.cfg.Clone()
+		cfg[KeyTables] += "," + otherAudit + "." + otherNames.table
+		errs := (&Connector{}).Validate(testCtx(t), cfg)
+		if msgs := strings.Join(errs[KeyTables], " | "); !strings.Contains(msgs, `belongs to tidyconnect connector "`+other.name+`"`) {
+			t.Errorf("Validate()[%s] = %q (all: %v)", KeyTables, msgs, errs)
+		}
+	})
 
 	// The role may create in s (not a new schema) and owns "ok": that is
 	// enough to capture it, and to delete the connector.

@@ -172,8 +172,13 @@ func (d ConfigDef) Validate(cfg Config) map[string][]string {
 	for _, k := range d {
 		v, present := cfg[k.Name]
 		if !present || strings.TrimSpace(v) == "" {
-			if k.Required {
+			switch {
+			case k.Required:
 				errs[k.Name] = append(errs[k.Name], fmt.Sprintf("Missing required configuration %q which has no default value.", k.Name))
+			case present && (k.Type == TypeInt || k.Type == TypeShort || k.Type == TypeLong || k.Type == TypeDouble || k.Type == TypeBoolean):
+				// As in Kafka Connect: a number or boolean that is present
+				// must parse; blank does not silently mean the default.
+				errs[k.Name] = append(errs[k.Name], fmt.Sprintf("Invalid value %q for configuration %s: %v (leave the key out for the default%s)", v, k.Name, checkType(k.Type, v), defaultHint(k)))
 			}
 			continue
 		}
@@ -188,6 +193,13 @@ func (d ConfigDef) Validate(cfg Config) map[string][]string {
 		}
 	}
 	return errs
+}
+
+func defaultHint(k ConfigKey) string {
+	if k.Default == "" {
+		return ""
+	}
+	return ", " + k.Default
 }
 
 func displayValue(k ConfigKey, v string) string {

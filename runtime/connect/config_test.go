@@ -29,6 +29,9 @@ func TestConfigDefValidate(t *testing.T) {
 		{"blank required", Config{"url": "  "}, []string{"url"}},
 		{"every bad field", Config{"n": "five", "flag": "yes", "mode": "c"}, []string{"url", "n", "flag", "mode"}},
 		{"int overflow", Config{"url": "x", "n": "99999999999"}, []string{"n"}},
+		// Present but blank: Kafka Connect refuses it for numbers and
+		// booleans; a blank string is a value like any other.
+		{"blank number and boolean", Config{"url": "x", "n": "", "flag": " ", "mode": "a"}, []string{"n", "flag"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
