@@ -759,10 +759,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			return fmt.Errorf("%s: the commit-order trigger is disabled, so changes leave in statement order (nothing was changed): %s; enable it, or set %s=%s", KeyCaptureOrder, strings.Join(disabled, "; "), KeyCaptureOrder, orderStatement)
 		}
 	}
-	removed, err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add)
-	if err != nil {
-		return err
-	}
+	var removed []connect.Resource
 	configured := map[string]bool{}
 	for _, t := range s.tables {
 		configured[t.quoted()] = true
@@ -994,6 +991,15 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 			}
 		}
 	}
+	// The commit-order trigger last: creating or dropping it locks the
+	// audit table, and a capturing writer locks its table first and the
+	// audit table second. Locking them in the other order would make the
+	// writer a deadlock victim while Start waits for a captured table.
+	orderRemoved, err := provisionOrder(s, n, v, db, existing, orderExists, orderMarker, before, own, add)
+	if err != nil {
+		return err
+	}
+	removed = append(removed, orderRemoved...)
 
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
@@ -1626,7 +1632,18 @@ WHERE tg.tgparentid = 0`, n.marker, trigS, trigT, trigN)
 		}
 	}
 
-	var script strings.Builder
+	// Triggers on the captured tables first, then the commit-order trigger
+	// on the audit table, then the rest: a capturing writer locks its
+	// table before the audit table, and so must the deletion, or the
+	// writer can become a deadlock victim.
+	var tableTriggers, auditTriggers, script strings.Builder
+	dropTriggerOn := func(trigger string, table []string) {
+		b := &tableTriggers
+		if len(table) == 2 && table[1] == n.table {
+			b = &auditTriggers
+		}
+		fmt.Fprintf(b, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{trigger}.Sanitize(), pgx.Identifier(table).Sanitize())
+	}
 	var schemas []*target
 	for _, tg := range targets {
 		var marker *string
@@ -1669,7 +1686,7 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 		}
 		switch tg.r.Kind {
 		case KindTrigger:
-			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{tg.r.Name}.Sanitize(), pgx.Identifier(tg.parts).Sanitize())
+			dropTriggerOn(tg.r.Name, tg.parts)
 		case KindFunction:
 			fn := pgx.Identifier{tg.parts[0], strings.TrimSuffix(tg.r.Name, "()")}.Sanitize() + "()"
 			// Triggers that call it are the connector's, also those the
@@ -1680,7 +1697,7 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 				return err
 			}
 			for _, st := range stray {
-				fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{st.trigger}.Sanitize(), st.table.quoted())
+				dropTriggerOn(st.trigger, []string{st.table.Schema, st.table.Name})
 			}
 			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s;\n", fn)
 		case KindSequence:
@@ -1691,8 +1708,8 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 			schemas = append(schemas, tg)
 		}
 	}
-	if script.Len() > 0 {
-		if _, err := tx.Exec(ctx, script.String()); err != nil {
+	if drops := tableTriggers.String() + auditTriggers.String() + script.String(); drops != "" {
+		if _, err := tx.Exec(ctx, drops); err != nil {
 			return fmt.Errorf("dropping the owned objects: %w", err)
 		}
 	}

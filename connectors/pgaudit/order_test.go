@@ -368,3 +368,88 @@ func TestCommitOrderRefusesForeignObjects(t *testing.T) {
 		}
 	})
 }
+
+// TestDDLLocksCapturedTablesBeforeTheAuditTable: a capturing writer locks
+// its table, then the audit table. Deletion and a reconfiguration that
+// removes tables and leaves commit order must lock in the same order: while
+// they wait for a reader of one captured table, a writer of another one
+// goes through. Taking the audit table first (the commit-order trigger's
+// DROP) held every writer back, and the first to need a captured table the
+// DDL waited for became a deadlock victim.
+func TestDDLLocksCapturedTablesBeforeTheAuditTable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		order    string
+		deletion bool
+	}{
+		{"deletion, commit order", orderCommit, true},
+		{"deletion, statement order", orderStatement, true},
+		{"leaving commit order and two tables", orderCommit, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, url := admin(t)
+			ctx := testCtx(t)
+			s := newSchema(t, db)
+			for _, tb := range []string{"keep", "a", "b"} {
+				mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY)`)
+			}
+			audit := auditSchemaFor(t, db)
+			cfg := baseConfig(testenv.Unique("lockorder-"), url, audit, s+".keep", s+".a", s+".b")
+			cfg[KeyCaptureOrder] = tc.order
+			l := connect.NewMemoryLedger()
+			r := startConnector(t, cfg, l)
+
+			// A reader of a: the DDL waits for it at a's triggers.
+			reader := begin(t, db)
+			txExec(t, reader, `SELECT count(*) FROM `+qualified(s, "a"))
+			ddl := make(chan error, 1)
+			var restarted *running
+			if tc.deletion {
+				go func() { ddl <- r.stop(true) }()
+			} else {
+				if err := r.stop(false); err != nil {
+					t.Fatal(err)
+				}
+				cfg2 := baseConfig(cfg["name"], url, audit, s+".keep")
+				go func() {
+					var err error
+					restarted, err = tryStart(t, cfg2, l)
+					ddl <- err
+				}()
+			}
+			await(t, 10*time.Second, func() (bool, string, error) {
+				var n int
+				err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`,
+					ApplicationName(cfg["name"], "connector")).Scan(&n)
+				return n > 0, "the DDL waiting for the reader of a", err
+			})
+
+			// A writer of b goes through while the DDL still waits.
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := db.Exec(wctx, `INSERT INTO `+qualified(s, "b")+` VALUES (1)`)
+			cancel()
+			if err != nil {
+				t.Errorf("a writer of another captured table, while the DDL waits: %v", err)
+			}
+			select {
+			case err := <-ddl:
+				t.Fatalf("the DDL finished before the reader of a did: %v", err)
+			default:
+			}
+			if err := reader.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-ddl; err != nil {
+				t.Fatalf("the DDL after the reader: %v", err)
+			}
+			if restarted != nil {
+				if err := restarted.stop(true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if rs, _ := l.List(ctx); len(rs) != 0 && tc.deletion {
+				t.Errorf("ledger after deletion: %v", rs)
+			}
+		})
+	}
+}
