@@ -29,7 +29,9 @@ func ApplicationNamePrefix(connector string) string {
 	id := connector
 	plain := true
 	for _, r := range connector {
-		if r > unicode.MaxASCII || !unicode.IsPrint(r) {
+		// ':' separates the parts: "a:b" would otherwise share the
+		// prefix of connector "a".
+		if r > unicode.MaxASCII || !unicode.IsPrint(r) || r == ':' {
 			plain = false
 		}
 	}

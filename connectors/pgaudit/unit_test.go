@@ -85,6 +85,13 @@ func TestObjectNames(t *testing.T) {
 	if p := ApplicationNamePrefix(long); len(ApplicationName(long, "listen-99")) > 63 || !strings.HasPrefix(p, "tidyconnect:") {
 		t.Errorf("application name %q", ApplicationName(long, "listen-99"))
 	}
+	// pg_stat_activity is searched by prefix: no connector's prefix may
+	// start another's.
+	for _, pair := range [][2]string{{"orders", "orders:v2"}, {"orders:v2", "orders"}, {"a", "a:task-0"}} {
+		if a, b := ApplicationNamePrefix(pair[0]), ApplicationName(pair[1], "task-0"); strings.HasPrefix(b, a) {
+			t.Errorf("connector %q's connection %q has the prefix %q of connector %q", pair[1], b, a, pair[0])
+		}
+	}
 }
 
 func TestTopicName(t *testing.T) {
