@@ -304,8 +304,8 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 		// Its triggers would fire for the connector's own inserts, each of
 		// which writes another audit row: writers would fail with "stack
 		// depth limit exceeded".
-		case strings.HasPrefix(comment, "tidyconnect:"):
-			problems = append(problems, fmt.Sprintf("table %s belongs to tidyconnect connector %q (its comment says so): it holds captured changes, and capturing it would capture the connectors' own writes; remove it from %s", t.quoted(), strings.TrimPrefix(comment, "tidyconnect:"), KeyTables))
+		case strings.HasPrefix(comment, markerPrefix):
+			problems = append(problems, fmt.Sprintf("table %s belongs to tidyconnect connector %q (its comment says so): it holds captured changes, and capturing it would capture the connectors' own writes; remove it from %s", t.quoted(), strings.TrimPrefix(comment, markerPrefix), KeyTables))
 		// Row-level triggers are cloned onto partitions, not onto
 		// inheritance children; statement-level ones fire only for the
 		// table a statement names. Either way writes would be missed.
@@ -600,8 +600,12 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			adopt = append(adopt, markedObject{functionRes(db, s.auditSchema, n.order), orderMarker})
 		}
 	}
-	for _, a := range adopt {
-		if isMarked(a.marker, n.marker) && !slices.Contains(before, a.r) {
+	for i, a := range adopt {
+		// The audit schema another pgaudit connector made is shared: each
+		// connector that uses it owns it too, so that whichever is deleted
+		// last drops it (DROP SCHEMA ... RESTRICT: only once it is empty).
+		shared := i == 0 && a.marker != nil && strings.HasPrefix(*a.marker, markerPrefix)
+		if (isMarked(a.marker, n.marker) || shared) && !slices.Contains(before, a.r) {
 			if err := own(a.r); err != nil {
 				return err
 			}
@@ -1676,7 +1680,8 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 				tg.exists = true
 			}
 		}
-		tg.ours = isMarked(marker, n.marker)
+		tg.ours = isMarked(marker, n.marker) ||
+			tg.r.Kind == KindSchema && marker != nil && strings.HasPrefix(*marker, markerPrefix) // shared, see provision
 		if !tg.exists {
 			continue
 		}

@@ -85,6 +85,51 @@ func TestDeleteDropsExactlyOwned(t *testing.T) {
 	b.tasks = nil
 }
 
+// TestSharedAuditSchemaGoesWithTheLast: two connectors share an audit
+// schema the first one made. Whichever is deleted first leaves it (the
+// other's objects are in it); deleting the other one then drops it, the
+// second connector owning it too.
+func TestSharedAuditSchemaGoesWithTheLast(t *testing.T) {
+	for _, firstDeleted := range []string{"creator", "sharer"} {
+		t.Run(firstDeleted+" deleted first", func(t *testing.T) {
+			db, url := admin(t)
+			ctx := testCtx(t)
+			s := newSchema(t, db)
+			mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int)`)
+			mustExec(t, db, `CREATE TABLE `+qualified(s, "b")+` (id int)`)
+			audit := auditSchemaFor(t, db)
+			lc, ls := connect.NewMemoryLedger(), connect.NewMemoryLedger()
+			creator := startConnector(t, baseConfig(testenv.Unique("creator-"), url, audit, s+".a"), lc)
+			sharer := startConnector(t, baseConfig(testenv.Unique("sharer-"), url, audit, s+".b"), ls)
+			if rs, _ := ls.List(ctx); !slices.ContainsFunc(rs, func(r connect.Resource) bool { return r.Kind == KindSchema && r.Name == audit }) {
+				t.Errorf("the sharing connector's ledger does not list the schema: %v", rs)
+			}
+			first, last := creator, sharer
+			if firstDeleted == "sharer" {
+				first, last = sharer, creator
+			}
+			if err := first.stop(true); err != nil {
+				t.Fatal(err)
+			}
+			var exists bool
+			if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, audit).Scan(&exists); err != nil || !exists {
+				t.Fatalf("the schema is gone while the other connector uses it (%v)", err)
+			}
+			if err := last.stop(true); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, audit).Scan(&exists); err != nil || exists {
+				t.Errorf("the audit schema outlived both connectors (%v)", err)
+			}
+			for _, l := range []connect.Ledger{lc, ls} {
+				if rs, _ := l.List(ctx); len(rs) != 0 {
+					t.Errorf("ledger still lists %v", rs)
+				}
+			}
+		})
+	}
+}
+
 // TestCleanupOnDeleteFalse keeps everything on deletion.
 func TestCleanupOnDeleteFalse(t *testing.T) {
 	db, url := admin(t)

@@ -217,6 +217,10 @@ func configError(errs map[string][]string) error {
 	return fmt.Errorf("invalid pgaudit configuration (fix these keys): %s", strings.Join(parts, " | "))
 }
 
+// markerPrefix begins the comment on every object a pgaudit connector
+// made; the connector's name follows.
+const markerPrefix = "tidyconnect:"
+
 // names are the identifiers of one connector's objects, derived from the
 // connector name.
 type names struct {
@@ -269,7 +273,7 @@ func objectNames(connector string) names {
 		rowTrigger:  base + "_row",
 		order:       base + "_order",
 		channel:     "tidyconnect_" + base,
-		marker:      "tidyconnect:" + connector,
+		marker:      markerPrefix + connector,
 	}
 }
 
