@@ -464,59 +464,104 @@ func TestDroppedPartitionChangesDelivered(t *testing.T) {
 	})
 }
 
-// TestRowCaptureIgnoresSearchPath: the row-level capture function is
-// SECURITY DEFINER without a fixed search_path (it runs per row, and the
-// SET clause is costly), so it must name nothing through the writer's
-// search_path. A writer whose search_path puts look-alike operators and
-// types first still gets its changes captured, and none of them runs.
-func TestRowCaptureIgnoresSearchPath(t *testing.T) {
+// TestCaptureIgnoresSearchPath: the capture functions are SECURITY DEFINER
+// without a fixed search_path (the SET clause costs every captured
+// statement, and every row under row-level capture), so they must name
+// nothing through the writer's search_path. A writer whose search_path puts
+// look-alike operators, functions and types first still gets every change
+// captured, single-row and grouped (more than singleChanges rows) alike,
+// and none of the look-alikes runs.
+func TestCaptureIgnoresSearchPath(t *testing.T) {
 	db, url := admin(t)
-	ctx := testCtx(t)
-	s := newSchema(t, db)
 	evil := newSchema(t, db)
 	e := pgx.Identifier{evil}.Sanitize()
-	mustExec(t, db, `CREATE FUNCTION `+e+`.boom(a text, b text) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
-	mustExec(t, db, `CREATE FUNCTION `+e+`.boom2(a bigint, b integer) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
-	mustExec(t, db, `CREATE FUNCTION `+e+`.boom3(v text) RETURNS bool LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`)
-	for _, op := range []string{"=", "<>", ">", "<"} {
+	const raise = `LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom(a text, b text) RETURNS bool `+raise)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom2(a bigint, b integer) RETURNS bool `+raise)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom3(a bigint, b bigint) RETURNS bool `+raise)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom4(v anyelement) RETURNS bool `+raise)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.unnest(v anyarray) RETURNS SETOF anyelement `+raise)
+	for _, op := range []string{"=", "<>", ">", "<", "-", "/"} {
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = text, RIGHTARG = text, FUNCTION = `+e+`.boom)`)
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = `+e+`.boom2)`)
+		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = `+e+`.boom3)`)
 	}
-	mustExec(t, db, `CREATE DOMAIN `+e+`.text AS pg_catalog.text CHECK (`+e+`.boom3(VALUE))`)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
-	r := startConnector(t, baseConfig(testenv.Unique("searchpath-"), url, auditSchemaFor(t, db), s+".p"), connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
+	for _, typ := range []string{"text", "oid", "xid8", "int8"} {
+		mustExec(t, db, `CREATE DOMAIN `+e+`.`+typ+` AS pg_catalog.`+typ+` CHECK (`+e+`.boom4(VALUE))`)
+	}
 
-	conn, err := db.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	// The look-alikes work: an unqualified = in this session is theirs.
-	if _, err := conn.Exec(ctx, `SET search_path = `+e+`, pg_catalog, public`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT 'a'::pg_catalog.text = 'b'::pg_catalog.text`); err == nil || !strings.Contains(err.Error(), "hijacked") {
-		t.Fatalf("the look-alike = is not in effect: %v", err)
-	}
-	for _, sql := range []string{
-		`INSERT INTO ` + qualified(s, "p") + ` VALUES (1, 'a')`,
-		`UPDATE ` + qualified(s, "p") + ` SET v = 'b'`,
-		`DELETE FROM ` + qualified(s, "p1"),
+	for _, tc := range []struct {
+		name        string
+		level       string
+		partitioned bool
+	}{
+		{"statement level", levelStatement, false},
+		{"row level", levelRow, false},
+		{"partitioned table", levelStatement, true},
 	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s with a hostile search_path: %v", sql, err)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			s := newSchema(t, db)
+			table, written := qualified(s, "p"), qualified(s, "p")
+			if tc.partitioned {
+				mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+				mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+table+` FOR VALUES FROM (0) TO (1000)`)
+				written = qualified(s, "p1") // a write that names the partition
+			} else {
+				mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text)`)
+			}
+			cfg := baseConfig(testenv.Unique("searchpath-"), url, auditSchemaFor(t, db), s+".p")
+			cfg[KeyCaptureLevel] = tc.level
+			r := startConnector(t, cfg, connect.NewMemoryLedger())
+			defer func() { _ = r.stop(true) }()
+
+			// A session of its own: PL/pgSQL compiles a function once per
+			// session, under the search_path of its first call.
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = conn.Close(context.Background()) }()
+			if _, err := conn.Exec(ctx, `SET search_path = `+e+`, pg_catalog, public`); err != nil {
+				t.Fatal(err)
+			}
+			// The look-alikes work: an unqualified = in this session is theirs.
+			if _, err := conn.Exec(ctx, `SELECT 'a'::pg_catalog.text = 'b'::pg_catalog.text`); err == nil || !strings.Contains(err.Error(), "hijacked") {
+				t.Fatalf("the look-alike = is not in effect: %v", err)
+			}
+			const bulk = singleChanges + 6 // past the single rows into a group
+			for _, sql := range []string{
+				`INSERT INTO ` + table + ` VALUES (1, 'a')`,
+				fmt.Sprintf(`INSERT INTO %s SELECT g, 'a' FROM pg_catalog.generate_series(100, %d) g`, table, 99+bulk),
+				`UPDATE ` + table + ` SET v = 'b' WHERE id OPERATOR(pg_catalog.=) 1`,
+				`UPDATE ` + table + ` SET v = 'b' WHERE id OPERATOR(pg_catalog.>=) 100`,
+				`DELETE FROM ` + written + ` WHERE id OPERATOR(pg_catalog.=) 1`,
+				`DELETE FROM ` + written,
+				`INSERT INTO ` + table + ` VALUES (2, 'c')`,
+				`TRUNCATE ` + table,
+			} {
+				if _, err := conn.Exec(ctx, sql); err != nil {
+					t.Fatalf("%s with a hostile search_path: %v", sql, err)
+				}
+			}
+
+			got := r.collect(3*bulk+5, true)
+			want := []wantChange{{"c", `{"id":1}`, "null", `{"id":1,"v":"a"}`}}
+			for id := 100; id < 100+bulk; id++ {
+				want = append(want, wantChange{"c", fmt.Sprintf(`{"id":%d}`, id), "null", fmt.Sprintf(`{"id":%d,"v":"a"}`, id)})
+			}
+			want = append(want, wantChange{"u", `{"id":1}`, `{"id":1,"v":"a"}`, `{"id":1,"v":"b"}`})
+			for id := 100; id < 100+bulk; id++ {
+				want = append(want, wantChange{"u", fmt.Sprintf(`{"id":%d}`, id), fmt.Sprintf(`{"id":%d,"v":"a"}`, id), fmt.Sprintf(`{"id":%d,"v":"b"}`, id)})
+			}
+			want = append(want, wantChange{"d", `{"id":1}`, `{"id":1,"v":"b"}`, "null"})
+			for id := 100; id < 100+bulk; id++ {
+				want = append(want, wantChange{"d", fmt.Sprintf(`{"id":%d}`, id), fmt.Sprintf(`{"id":%d,"v":"b"}`, id), "null"})
+			}
+			want = append(want, wantChange{"c", `{"id":2}`, "null", `{"id":2,"v":"c"}`}, wantChange{"t", "null", "null", "null"})
+			checkChanges(t, got, "tc."+s+".p", s, "p", want)
+		})
 	}
-	if _, err := conn.Exec(ctx, `RESET search_path`); err != nil {
-		t.Fatal(err)
-	}
-	checkChanges(t, r.collect(3, true), "tc."+s+".p", s, "p", []wantChange{
-		{"c", `{"id":1}`, "null", `{"id":1,"v":"a"}`},
-		{"u", `{"id":1}`, `{"id":1,"v":"a"}`, `{"id":1,"v":"b"}`},
-		{"d", `{"id":1}`, `{"id":1,"v":"b"}`, "null"},
-	})
 }
 
 // TestRenamedWhileSwitchingCaptureLevel: a table captured row by row,

@@ -1,18 +1,18 @@
 DECLARE
-    v_txid     xid8 := pg_catalog.pg_current_xact_id();
-    v_rows     bigint := 0;
-    v_work_mem text;
+    v_txid     pg_catalog.xid8 := pg_catalog.pg_current_xact_id();
+    v_rows     pg_catalog.int8 := 0;
+    v_work_mem pg_catalog.text;
     -- The configured table the changes belong to: the name the trigger
     -- was made with (a trigger made before triggers had arguments: the
     -- table it is on). When the table has another name now, the images
     -- are of the table under that name (docs/decisions/0049).
-    v_schema     text := COALESCE(TG_ARGV[0], TG_TABLE_SCHEMA);
-    v_table      text := COALESCE(TG_ARGV[1], TG_TABLE_NAME);
-    v_img_schema text;
-    v_img_table  text;
-    v_img_relid  oid;
+    v_schema     pg_catalog.text := COALESCE(TG_ARGV[0], TG_TABLE_SCHEMA);
+    v_table      pg_catalog.text := COALESCE(TG_ARGV[1], TG_TABLE_NAME);
+    v_img_schema pg_catalog.text;
+    v_img_table  pg_catalog.text;
+    v_img_relid  pg_catalog.oid;
 BEGIN
-    IF v_table <> TG_TABLE_NAME OR v_schema <> TG_TABLE_SCHEMA THEN
+    IF v_table OPERATOR(pg_catalog.<>) TG_TABLE_NAME OR v_schema OPERATOR(pg_catalog.<>) TG_TABLE_SCHEMA THEN
         v_img_schema := TG_TABLE_SCHEMA;
         v_img_table := TG_TABLE_NAME;
         v_img_relid := TG_RELID;
@@ -23,12 +23,12 @@ BEGIN
     -- per audit row, which is what keeps bulk statements cheap. Groups are
     -- arrays of record_send images (bytea[]): n.* rather than n names the
     -- whole row even when the table has a column called n.
-    IF TG_OP = 'INSERT' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, after)
         SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.record_send(n.*)
         FROM tidyconnect_new n LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
-        IF v_rows = {{.Single}} THEN
+        IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             -- Grouping holds the whole rest in a hash table: spilling it to
             -- disk would cost more than the grouping saves.
             v_work_mem := pg_catalog.current_setting('work_mem');
@@ -37,57 +37,57 @@ BEGIN
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
-            WHERE g.rn > {{.Single}}
-            GROUP BY (g.rn - {{.Single}} - 1) / {{.Chunk}}
-            ORDER BY (g.rn - {{.Single}} - 1) / {{.Chunk}};
+            WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
+            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}
+            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}};
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
-    ELSIF TG_OP = 'UPDATE' THEN
-        -- Old and new images pair by position: unnest of two arrays walks
-        -- them in step. Cheaper for a single-row UPDATE than numbering
-        -- both sides and joining them (about 7% more UPDATEs per second in
-        -- pgbench, docs/pgaudit.md). Multi-array unnest is FROM-clause
-        -- syntax and cannot be schema-qualified; search_path is pg_catalog.
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        -- Old and new images pair by position: two unnests in ROWS FROM
+        -- walk them in step (the multi-array unnest(a, b) shorthand would
+        -- look unnest up in the writer's search_path). Cheaper for a
+        -- single-row UPDATE than numbering both sides and joining them
+        -- (about 7% more UPDATEs per second in pgbench, docs/pgaudit.md).
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, before, after)
         SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', u.o, u.n
-        FROM unnest(ARRAY(SELECT pg_catalog.record_send(o.*) FROM tidyconnect_old o LIMIT {{.Single}}),
-                    ARRAY(SELECT pg_catalog.record_send(n.*) FROM tidyconnect_new n LIMIT {{.Single}})) AS u(o, n);
+        FROM ROWS FROM (pg_catalog.unnest(ARRAY(SELECT pg_catalog.record_send(o.*) FROM tidyconnect_old o LIMIT {{.Single}})),
+                        pg_catalog.unnest(ARRAY(SELECT pg_catalog.record_send(n.*) FROM tidyconnect_new n LIMIT {{.Single}}))) AS u(o, n);
         GET DIAGNOSTICS v_rows = ROW_COUNT;
-        IF v_rows = {{.Single}} THEN
+        IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
-            FROM (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
+            FROM (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
                          pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
                   FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
-                  WHERE g.rn > {{.Single}} GROUP BY 1) o
-            JOIN (SELECT (g.rn - {{.Single}} - 1) / {{.Chunk}} AS chunk,
+                  WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) o
+            JOIN (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk,
                          pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
                   FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
-                  WHERE g.rn > {{.Single}} GROUP BY 1) n
-              ON o.chunk = n.chunk
+                  WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) n
+              ON o.chunk OPERATOR(pg_catalog.=) n.chunk
             ORDER BY o.chunk;
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
-    ELSIF TG_OP = 'DELETE' THEN
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, before)
         SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.record_send(o.*)
         FROM tidyconnect_old o LIMIT {{.Single}};
         GET DIAGNOSTICS v_rows = ROW_COUNT;
-        IF v_rows = {{.Single}} THEN
+        IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
-            WHERE g.rn > {{.Single}}
-            GROUP BY (g.rn - {{.Single}} - 1) / {{.Chunk}}
-            ORDER BY (g.rn - {{.Single}} - 1) / {{.Chunk}};
+            WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
+            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}
+            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}};
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
-    ELSIF TG_OP = 'TRUNCATE' THEN
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
         -- The image columns say which table was truncated when it is not
         -- the one the changes are filed under (renamed since).
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op)
@@ -101,7 +101,7 @@ BEGIN
     -- the number of waiting tasks in a sequence, which PL/pgSQL reads
     -- without running a query (docs/decisions/0045). NULL (never set, or
     -- a server that answers NULL where it cannot tell) means notify.
-    IF v_rows > 0 AND COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) > 0 THEN
+    IF v_rows OPERATOR(pg_catalog.>) 0 AND COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) OPERATOR(pg_catalog.>) 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
     END IF;
     RETURN NULL;

@@ -16,7 +16,7 @@
 -- capture (docs/decisions/0048). That is safe only because the body names
 -- nothing through the search path: every function, operator and table is
 -- schema-qualified, and it declares no variables (no type names).
--- TestRowCaptureIgnoresSearchPath plants look-alikes to prove it.
+-- TestCaptureIgnoresSearchPath plants look-alikes to prove it.
 CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 AS {{.Body}};
