@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -368,4 +369,34 @@ func TestColumnNamedLikeTheDecoder(t *testing.T) {
 	checkChanges(t, r.collect(1, true), "tc."+s+".xs", s, "xs", []wantChange{
 		{"c", `{"id":1}`, "null", `{"id":1,"x":"pre"}`},
 	})
+}
+
+// TestDecodeInBatches: a table's images are decoded in statements of
+// bounded size (a protocol message cannot exceed 1 GB); with a bound of a
+// few images, single and grouped changes still come out whole and in order.
+func TestDecodeInBatches(t *testing.T) {
+	old := decodeBatchBytes
+	decodeBatchBytes = 100
+	t.Cleanup(func() { decodeBatchBytes = old })
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("batches-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	const n = singleChanges + 40
+	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, pg_catalog.repeat('v', g) FROM generate_series(1, %d) g`, tbl, n))
+	mustExec(t, db, `UPDATE `+tbl+` SET v = 'w' WHERE id = 7`)
+	got := r.collect(n+1, true)
+	if len(got) != n+1 {
+		t.Fatalf("%d changes, want %d", len(got), n+1)
+	}
+	for i, c := range got[:n] {
+		if c.Op != "c" || c.After["id"] != json.Number(fmt.Sprint(i+1)) || c.After["v"] != strings.Repeat("v", i+1) {
+			t.Fatalf("change %d: %+v", i, c)
+		}
+	}
+	if u := got[n]; u.Op != "u" || u.Before["v"] != "vvvvvvv" || u.After["v"] != "w" {
+		t.Errorf("update: %+v", u)
+	}
 }

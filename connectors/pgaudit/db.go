@@ -75,6 +75,11 @@ func transient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	// pgx refuses to send a message over 1 GB: the same message would be
+	// refused again, forever.
+	if strings.Contains(err.Error(), "message body too large") {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {

@@ -114,6 +114,28 @@ type column struct {
 	oid  uint32
 }
 
+// decodeBatchBytes bounds the images decoded by one statement (a variable
+// for tests).
+var decodeBatchBytes = 64 << 20
+
+// byteBatches splits imgs, in order, into runs of at most limit bytes (a
+// larger image alone).
+func byteBatches(imgs [][]byte, limit int) [][][]byte {
+	var out [][][]byte
+	start, size := 0, 0
+	for i, img := range imgs {
+		if i > start && size+len(img) > limit {
+			out = append(out, imgs[start:i:i])
+			start, size = i, 0
+		}
+		size += len(img)
+	}
+	if start < len(imgs) {
+		out = append(out, imgs[start:])
+	}
+	return out
+}
+
 // decodeRowType returns to_json of each image, in order, decoding all of
 // them in one statement as an array of the table's current row type.
 // PostgreSQL refuses that (shapeChanged) when the table's columns changed

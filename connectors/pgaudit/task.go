@@ -644,9 +644,15 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 		defer conn.Release()
 		for tb, imgs := range images {
-			jsons, err := t.decode(ctx, conn.Conn().PgConn(), tb, imageOf[tb], imgs)
-			if err != nil {
-				return nil, err
+			// A statement's parameters travel in one protocol message,
+			// which cannot exceed 1 GB.
+			jsons := make([][]byte, 0, len(imgs))
+			for _, part := range byteBatches(imgs, decodeBatchBytes) {
+				out, err := t.decode(ctx, conn.Conn().PgConn(), tb, imageOf[tb], part)
+				if err != nil {
+					return nil, err
+				}
+				jsons = append(jsons, out...)
 			}
 			decoded[tb] = jsons
 		}

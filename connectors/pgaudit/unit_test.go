@@ -2,9 +2,13 @@ package pgaudit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
@@ -215,5 +219,58 @@ func TestServerVersionProblem(t *testing.T) {
 		if (err == nil) != (tt.mention == "") || (err != nil && !strings.Contains(err.Error(), tt.mention)) {
 			t.Errorf("serverVersionProblem(%d) = %v, want %q", tt.num, err, tt.mention)
 		}
+	}
+}
+
+func TestByteBatches(t *testing.T) {
+	img := func(n int) []byte { return make([]byte, n) }
+	sizes := func(batches [][][]byte) [][]int {
+		var out [][]int
+		for _, b := range batches {
+			var s []int
+			for _, i := range b {
+				s = append(s, len(i))
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		imgs  [][]byte
+		limit int
+		want  [][]int
+	}{
+		{"none", nil, 10, nil},
+		{"all fit", [][]byte{img(3), img(3), img(4)}, 10, [][]int{{3, 3, 4}}},
+		{"split at the limit", [][]byte{img(6), img(4), img(1), img(9)}, 10, [][]int{{6, 4}, {1, 9}}},
+		{"an image over the limit goes alone", [][]byte{img(2), img(30), img(2)}, 10, [][]int{{2}, {30}, {2}}},
+		{"empty images", [][]byte{img(0), img(0)}, 0, [][]int{{0, 0}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := byteBatches(tt.imgs, tt.limit)
+			if !reflect.DeepEqual(sizes(got), tt.want) {
+				t.Errorf("batches of %v", sizes(got))
+			}
+			var n int
+			for _, b := range got {
+				n += len(b)
+			}
+			if n != len(tt.imgs) {
+				t.Errorf("%d images in the batches, want %d", n, len(tt.imgs))
+			}
+		})
+	}
+}
+
+// TestOversizedMessageIsNotTransient: pgx refuses a message over 1 GB before
+// sending it; retrying sends the same message, so it is no outage.
+func TestOversizedMessageIsNotTransient(t *testing.T) {
+	if transient(fmt.Errorf("reading: %w", errors.New("write failed: message body too large"))) {
+		t.Error("an oversized message counts as a lost connection")
+	}
+	if !transient(fmt.Errorf("reading: %w", &pgconn.PgError{Code: "57P01"})) {
+		t.Error("an admin shutdown does not count as a lost connection")
 	}
 }
