@@ -400,3 +400,39 @@ func TestDecodeInBatches(t *testing.T) {
 		t.Errorf("update: %+v", u)
 	}
 }
+
+// TestPollReadsBoundedBytes: one Poll reads about readBatchBytes of images
+// however many changes poll.max.records allows, and at least one row.
+func TestPollReadsBoundedBytes(t *testing.T) {
+	old := readBatchBytes
+	readBatchBytes = 150
+	t.Cleanup(func() { readBatchBytes = old })
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("bytes-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g, pg_catalog.repeat('v', 200) FROM generate_series(1, 3) g`)
+	var first []connect.SourceRecord
+	await(t, 10*time.Second, func() (bool, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		recs, err := r.tasks[0].Poll(ctx)
+		if ctx.Err() != nil {
+			err = nil
+		}
+		first = recs
+		return len(recs) > 0, "a poll with records", err
+	})
+	if len(first) != 1 {
+		t.Fatalf("the first poll read %d changes of 200-byte rows, want 1 with a 150-byte budget", len(first))
+	}
+	if err := r.tasks[0].Commit(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	rest := r.collect(2, true)
+	if ids := append(keyIDs(t, []change{decode(t, first[0])}), keyIDs(t, rest)...); !slices.Equal(ids, []int64{1, 2, 3}) {
+		t.Errorf("delivered ids %v", ids)
+	}
+}

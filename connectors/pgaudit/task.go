@@ -719,6 +719,10 @@ const (
 	readAroundGaps        // in flight: some ids in lo..hi, listed in $4
 )
 
+// readBatchBytes bounds the images one Poll reads (a variable for tests):
+// poll.max.records of large rows would otherwise all be held at once.
+var readBatchBytes = 64 << 20
+
 // readQueries builds the three read queries. Rows in flight must not be
 // read again, and scanning past them costs as much as reading them, so the
 // query reads below the in-flight ids (only late commits are still there:
@@ -736,11 +740,15 @@ func readQueries(auditTable string, all bool) [3]string {
 		return `(SELECT ` + cols + ` FROM ` + auditTable + ` WHERE ` + cond + filter(f) + ` ORDER BY id LIMIT $1)`
 	}
 	// At most $1 rows, and of those only as many as hold about $1
-	// undelivered changes: a grouped row holds up to chunkChanges.
+	// undelivered changes (a grouped row holds up to chunkChanges) and
+	// about readBatchBytes of images (octet_length reads a stored value's
+	// size without fetching it). The first row always.
 	budget := func(q string) string {
 		return `SELECT id, txid, ts_ms, schema_name, table_name, op, changes, delivered, before, after, image_schema, image_table FROM (
-  SELECT q.*, sum(coalesce(q.changes, 1) - q.delivered) OVER (ORDER BY q.id) AS upto FROM (` + q + `) q) w
-WHERE w.upto - (coalesce(w.changes, 1) - w.delivered) < $1 ORDER BY w.id`
+  SELECT q.*, sum(coalesce(q.changes, 1) - q.delivered) OVER (ORDER BY q.id) AS upto,
+         sum(coalesce(octet_length(q.before), 0) + coalesce(octet_length(q.after), 0)) OVER (ORDER BY q.id) AS bytes FROM (` + q + `) q) w
+WHERE w.upto - (coalesce(w.changes, 1) - w.delivered) < $1
+  AND w.bytes - (coalesce(octet_length(w.before), 0) + coalesce(octet_length(w.after), 0)) < ` + strconv.Itoa(readBatchBytes) + ` ORDER BY w.id`
 	}
 	return [3]string{
 		readAll:    budget(`SELECT ` + cols + ` FROM ` + auditTable + ` WHERE TRUE` + filter(2) + ` ORDER BY id LIMIT $1`),
