@@ -436,3 +436,47 @@ func TestPollReadsBoundedBytes(t *testing.T) {
 		t.Errorf("delivered ids %v", ids)
 	}
 }
+
+// TestPrimaryKeyChangesReachTheKeys: the key follows the table's primary
+// key as it changes while the task runs. A renamed key column is noticed
+// at once (the images lack the column the key names); a key added to a
+// table without one within metaRefresh.
+func TestPrimaryKeyChangesReachTheKeys(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "renamed")+` (id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "keyless")+` (id int NOT NULL, v text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("pk-"), url, auditSchemaFor(t, db), s+".renamed", s+".keyless"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+qualified(s, "renamed")+` VALUES (1, 'a')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "keyless")+` VALUES (1, 'a')`)
+	got := r.collect(2, true)
+	if string(mustJSON(t, got[0].Key)) != `{"id":1}` || got[1].Key != nil {
+		t.Fatalf("keys before the changes: %v, %v", got[0].Key, got[1].Key)
+	}
+
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "renamed")+` RENAME COLUMN id TO pid`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "renamed")+` VALUES (2, 'b')`)
+	if got := r.collect(1, true); string(mustJSON(t, got[0].Key)) != `{"pid":2}` {
+		t.Errorf("key after the key column's rename: %s", mustJSON(t, got[0].Key))
+	}
+
+	old := metaRefresh
+	metaRefresh = 0
+	t.Cleanup(func() { metaRefresh = old })
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "keyless")+` ADD PRIMARY KEY (id)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "keyless")+` VALUES (2, 'b')`)
+	if got := r.collect(1, true); string(mustJSON(t, got[0].Key)) != `{"id":2}` {
+		t.Errorf("key after a primary key was added: %s", mustJSON(t, got[0].Key))
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -54,6 +54,8 @@ type Task struct {
 	listener *pgx.Conn // used only by Poll; closed in Stopped
 	db       string
 	meta     map[tableName]*tableMeta
+	// metaAt is when the batch tables' meta was last read (metaRefresh).
+	metaAt time.Time
 
 	selectSQL      [3]string // by readKind
 	deleteSQL      string
@@ -589,10 +591,16 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		changes []change
 		missing []tableName
 	)
+	// A primary key added, dropped or changed since it was read reaches
+	// the keys within metaRefresh.
+	refresh := time.Since(t.metaAt) > metaRefresh
+	if refresh {
+		t.metaAt = time.Now()
+	}
 	for i := range raws {
 		r := &raws[i]
 		for _, tb := range []tableName{r.table, r.image} {
-			if _, ok := t.meta[tb]; !ok && !slices.Contains(missing, tb) {
+			if _, ok := t.meta[tb]; (!ok || refresh) && !slices.Contains(missing, tb) {
 				// A table added by a reconfiguration this task was not told
 				// about yet, or a partition of a captured table.
 				missing = append(missing, tb)
@@ -658,6 +666,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 	}
 	recs := make([]connect.SourceRecord, 0, len(changes))
+	var stale []int // records whose image lacks a key column
 	for _, c := range changes {
 		r := c.row
 		m := t.meta[r.table]
@@ -668,15 +677,43 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		if c.after >= 0 {
 			after = decoded[r.image][c.after]
 		}
+		key, complete := m.key(r.op, before, after)
+		if !complete {
+			stale = append(stale, len(recs))
+		}
 		recs = append(recs, connect.SourceRecord{
 			SourcePartition: m.partition,
 			SourceOffset:    map[string]any{"id": r.id, "idx": c.idx, "txid": r.txid},
 			Topic:           m.topic,
 			Partition:       -1,
-			Key:             m.key(r.op, before, after),
+			Key:             key,
 			Value:           m.envelope(r.op, before, after, r.txid, r.id*seqPerRow+int64(c.idx), r.tsMS),
 			Timestamp:       time.UnixMilli(r.tsMS),
 		})
+	}
+	if len(stale) > 0 {
+		// A key column was renamed or dropped since the key was read:
+		// read it again and key those changes by the current one.
+		var tables []tableName
+		for _, i := range stale {
+			if tb := changes[i].row.table; !slices.Contains(tables, tb) {
+				tables = append(tables, tb)
+			}
+		}
+		if err := t.loadMeta(ctx, tables); err != nil {
+			return nil, err
+		}
+		for _, i := range stale {
+			c := changes[i]
+			var before, after []byte
+			if c.before >= 0 {
+				before = decoded[c.row.image][c.before]
+			}
+			if c.after >= 0 {
+				after = decoded[c.row.image][c.after]
+			}
+			recs[i].Key, _ = t.meta[c.row.table].key(c.row.op, before, after)
+		}
 	}
 	return recs, nil
 }
@@ -937,10 +974,16 @@ func (t *Task) Stopped(ctx context.Context) error {
 	return nil
 }
 
-// key is the row's primary key as a JSON object, or nil.
-func (m *tableMeta) key(op string, before, after []byte) []byte {
+// metaRefresh is how often a task reads its tables' primary keys again
+// (a variable for tests).
+var metaRefresh = 10 * time.Second
+
+// key is the row's primary key as a JSON object, or nil; complete is false
+// when the image lacks a key column (renamed or dropped since the key was
+// read).
+func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete bool) {
 	if len(m.pkCols) == 0 || op == "t" {
-		return nil
+		return nil, true
 	}
 	img := after
 	if img == nil {
@@ -948,8 +991,9 @@ func (m *tableMeta) key(op string, before, after []byte) []byte {
 	}
 	var cols map[string]json.RawMessage
 	if err := json.Unmarshal(img, &cols); err != nil {
-		return nil
+		return nil, true
 	}
+	complete = true
 	out := make([]byte, 0, 32)
 	out = append(out, '{')
 	for i, c := range m.pkCols {
@@ -962,9 +1006,10 @@ func (m *tableMeta) key(op string, before, after []byte) []byte {
 			out = append(out, v...)
 		} else {
 			out = append(out, "null"...)
+			complete = false
 		}
 	}
-	return append(out, '}')
+	return append(out, '}'), complete
 }
 
 // envelope is the record value:

@@ -128,10 +128,13 @@ func TestEnvelopeAndKey(t *testing.T) {
 	if string(v) != want {
 		t.Errorf("envelope\n got %s\nwant %s", v, want)
 	}
-	if k := m.key("d", []byte(`{"a":2,"b":"x"}`), nil); string(k) != `{"b":"x","a":2}` {
-		t.Errorf("key = %s", k)
+	if k, complete := m.key("d", []byte(`{"a":2,"b":"x"}`), nil); string(k) != `{"b":"x","a":2}` || !complete {
+		t.Errorf("key = %s (complete %v)", k, complete)
 	}
-	if k := m.key("t", nil, nil); k != nil {
+	if k, complete := m.key("d", []byte(`{"a":2,"c":"x"}`), nil); string(k) != `{"b":null,"a":2}` || complete {
+		t.Errorf("key of an image without column b = %s (complete %v)", k, complete)
+	}
+	if k, _ := m.key("t", nil, nil); k != nil {
 		t.Errorf("truncate key = %s, want nil", k)
 	}
 }
