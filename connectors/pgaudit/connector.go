@@ -343,7 +343,8 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
 		return problems, rowLevel, nil
 	}
 	// The capture function stores binary row images (record_send): a
-	// column whose type, element type, base type or attribute type has no
+	// column whose type, element type, base type, range subtype or
+	// attribute type has no
 	// binary send/receive function would make the captured tables' writes
 	// fail, so such a table is refused up front.
 	rows, err = q.Query(ctx, `
@@ -359,6 +360,8 @@ WITH RECURSIVE cols(tbl, col, typ, depth) AS (
   CROSS JOIN LATERAL (
     SELECT ty.typbasetype WHERE ty.typtype = 'd'
     UNION ALL SELECT ty.typelem WHERE ty.typcategory = 'A' AND ty.typelem <> 0
+    UNION ALL SELECT r.rngsubtype FROM pg_catalog.pg_range r
+              WHERE (ty.typtype = 'r' AND r.rngtypid = ty.oid) OR (ty.typtype = 'm' AND r.rngmultitypid = ty.oid)
     UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
               WHERE ty.typrelid <> 0 AND a.attrelid = ty.typrelid AND a.attnum > 0 AND NOT a.attisdropped) AS sub(typ)
   WHERE cols.depth < 8)

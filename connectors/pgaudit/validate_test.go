@@ -1,10 +1,12 @@
 package pgaudit
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -21,6 +23,10 @@ func TestBadConfig(t *testing.T) {
 	// aclitem has no binary send function; nor, through its element type,
 	// has aclitem[].
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "acl")+` (id int, grants aclitem[])`)
+	// Nor has a range or multirange over a type without one.
+	nosend := noBinaryIOType(t, db, s)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "rng")+` (id int, r `+nosend+`range)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "mrng")+` (id int, r `+nosend+`multirange)`)
 	// A partitioned table and one of its partitions are both capturable,
 	// but not together; inheritance is not capturable at all.
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "parted")+` (id int) PARTITION BY RANGE (id)`)
@@ -64,6 +70,8 @@ func TestBadConfig(t *testing.T) {
 		{"missing table", url, s + ".ok," + s + ".nope", KeyTables, `"nope" does not exist`, ""},
 		{"not a table", url, s + ".v", KeyTables, "is not a table", ""},
 		{"column type without binary I/O", url, s + ".ok," + s + ".acl", KeyTables, `column "grants" of table "` + s + `"."acl" uses type aclitem, which has no binary send/receive`, ""},
+		{"range over a type without binary I/O", url, s + ".rng", KeyTables, `column "r" of table "` + s + `"."rng" uses type ` + s + `.nosend, which has no binary send/receive`, ""},
+		{"multirange over a type without binary I/O", url, s + ".mrng", KeyTables, `column "r" of table "` + s + `"."mrng" uses type ` + s + `.nosend, which has no binary send/receive`, ""},
 		{"no SELECT permission", roleURL, s + ".secret", KeyTables, "no SELECT privilege", ""},
 		{"not the owner", roleURL, s + ".notmine", KeyTables, `role "` + role + `" does not own table "` + s + `"."notmine"`, ""},
 		{"no TRIGGER permission on a partition", roleURL, s + ".rparted", KeyTables, `no TRIGGER privilege on "` + s + `"."rpart1", a partition of "` + s + `"."rparted"`, ""},
@@ -233,4 +241,30 @@ func TestStrayTriggerTheRoleCannotDrop(t *testing.T) {
 	if err := startConnector(t, baseConfig(name, roleURL, s, s+".a"), l).stop(true); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// noBinaryIOType creates, in schema s, a base type without binary send and
+// receive functions that ranges can be made of (int4's text I/O and btree
+// support under other names: no core type is both), and returns its
+// qualified name; <name>range and <name>multirange are its range types.
+func noBinaryIOType(t *testing.T, db *pgxpool.Pool, s string) string {
+	t.Helper()
+	q := pgx.Identifier{s}.Sanitize()
+	ty := q + ".nosend"
+	mustExec(t, db, `CREATE TYPE `+ty)
+	mustExec(t, db, `CREATE FUNCTION `+q+`.nosend_in(cstring) RETURNS `+ty+` LANGUAGE internal IMMUTABLE STRICT AS 'int4in'`)
+	mustExec(t, db, `CREATE FUNCTION `+q+`.nosend_out(`+ty+`) RETURNS cstring LANGUAGE internal IMMUTABLE STRICT AS 'int4out'`)
+	mustExec(t, db, `CREATE TYPE `+ty+` (INPUT = `+q+`.nosend_in, OUTPUT = `+q+`.nosend_out, LIKE = int4)`)
+	ops := []struct{ op, fn string }{{"<", "int4lt"}, {"<=", "int4le"}, {"=", "int4eq"}, {">=", "int4ge"}, {">", "int4gt"}}
+	for i, o := range ops {
+		fn := fmt.Sprintf("%s.nosend_op%d", q, i)
+		mustExec(t, db, `CREATE FUNCTION `+fn+`(`+ty+`, `+ty+`) RETURNS bool LANGUAGE internal IMMUTABLE STRICT AS '`+o.fn+`'`)
+		mustExec(t, db, `CREATE OPERATOR `+q+`.`+o.op+` (LEFTARG = `+ty+`, RIGHTARG = `+ty+`, FUNCTION = `+fn+`)`)
+	}
+	mustExec(t, db, `CREATE FUNCTION `+q+`.nosend_cmp(`+ty+`, `+ty+`) RETURNS int LANGUAGE internal IMMUTABLE STRICT AS 'btint4cmp'`)
+	mustExec(t, db, `CREATE OPERATOR CLASS `+q+`.nosend_ops DEFAULT FOR TYPE `+ty+` USING btree AS
+  OPERATOR 1 `+q+`.<, OPERATOR 2 `+q+`.<=, OPERATOR 3 `+q+`.=, OPERATOR 4 `+q+`.>=, OPERATOR 5 `+q+`.>,
+  FUNCTION 1 `+q+`.nosend_cmp(`+ty+`, `+ty+`)`)
+	mustExec(t, db, `CREATE TYPE `+ty+`range AS RANGE (SUBTYPE = `+ty+`)`)
+	return ty
 }
