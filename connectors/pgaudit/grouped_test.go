@@ -423,3 +423,91 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupsCutByBytes: grouped audit rows are also cut where their images
+// pass groupBytes (an array, and an audit row, cannot exceed 1 GB), and an
+// UPDATE whose old or new images pass sideBytes is grouped by pairing its
+// rows instead; every change still comes out once, in statement order,
+// UPDATE images paired. The bounds are shrunk to a few hundred bytes.
+func TestGroupsCutByBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		side       int
+		byPairing  bool // the UPDATE past sideBytes
+		wantGroups string
+	}{
+		{"update within the side bound", 1 << 20, false, "c>1 u=1 d>1"},
+		{"update past the side bound", 1000, true, "c>1 u>1 d>1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			oldGroup, oldSide := groupBytes, sideBytes
+			groupBytes, sideBytes = 300, tc.side
+			t.Cleanup(func() { groupBytes, sideBytes = oldGroup, oldSide })
+			db, url := admin(t)
+			s := newSchema(t, db)
+			tbl := qualified(s, "t")
+			mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, o text)`)
+			r := startConnector(t, baseConfig(testenv.Unique("bytes-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+			defer func() { _ = r.stop(true) }()
+
+			const rows = 200
+			mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, 'r' || g FROM generate_series(1, %d) g`, tbl, rows))
+			mustExec(t, db, `UPDATE `+tbl+` SET o = o || 'x'`)
+			mustExec(t, db, `DELETE FROM `+tbl)
+
+			// The groups: how many per statement, none marked, none past
+			// the bound by more than one row's images.
+			q, err := db.Query(testCtx(t), `SELECT op::text, changes, coalesce(octet_length(before), 0) + coalesce(octet_length(after), 0) FROM `+auditTable(r)+` WHERE changes IS NOT NULL ORDER BY id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			groups := map[string]int{}
+			var changes int
+			for q.Next() {
+				var op string
+				var n, size int
+				if err := q.Scan(&op, &n, &size); err != nil {
+					t.Fatal(err)
+				}
+				if n < 1 || size > groupBytes+200 && (op != "u" || tc.byPairing) {
+					t.Errorf("%s group of %d changes, %d bytes of images (bound %d)", op, n, size, groupBytes)
+				}
+				groups[op]++
+				changes += n
+			}
+			q.Close()
+			if changes != 3*(rows-singleChanges) {
+				t.Errorf("the groups hold %d changes, want %d", changes, 3*(rows-singleChanges))
+			}
+			var desc []string
+			for _, op := range []string{"c", "u", "d"} {
+				if groups[op] == 1 {
+					desc = append(desc, op+"=1")
+				} else if groups[op] > 1 {
+					desc = append(desc, op+">1")
+				}
+			}
+			if got := strings.Join(desc, " "); got != tc.wantGroups {
+				t.Errorf("groups per statement: %s (%v), want %s", got, groups, tc.wantGroups)
+			}
+
+			got := r.collect(3*rows, true)
+			if len(got) != 3*rows {
+				t.Fatalf("%d changes, want %d", len(got), 3*rows)
+			}
+			for i, c := range got {
+				op, id := []string{"c", "u", "d"}[i/rows], int64(i%rows+1)
+				img := c.After
+				if op == "d" {
+					img = c.Before
+				}
+				if c.Op != op || num(t, img["id"]) != id {
+					t.Fatalf("change %d: %s of %v, want %s of id %d (statement order)", i, c.Op, img, op, id)
+				}
+				if op == "u" && (c.Before["o"] != fmt.Sprintf("r%d", id) || c.After["o"] != fmt.Sprintf("r%dx", id)) {
+					t.Fatalf("update %d mispaired: before %v after %v", id, c.Before, c.After)
+				}
+			}
+		})
+	}
+}

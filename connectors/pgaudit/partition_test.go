@@ -469,8 +469,8 @@ func TestDroppedPartitionChangesDelivered(t *testing.T) {
 // statement, and every row under row-level capture), so they must name
 // nothing through the writer's search_path. A writer whose search_path puts
 // look-alike operators, functions and types first still gets every change
-// captured, single-row and grouped (more than singleChanges rows) alike,
-// and none of the look-alikes runs.
+// captured, single-row and grouped (more than singleChanges rows, cut by
+// bytes, an UPDATE's rows paired) alike, and none of the look-alikes runs.
 func TestCaptureIgnoresSearchPath(t *testing.T) {
 	db, url := admin(t)
 	evil := newSchema(t, db)
@@ -479,13 +479,20 @@ func TestCaptureIgnoresSearchPath(t *testing.T) {
 	mustExec(t, db, `CREATE FUNCTION `+e+`.boom(a text, b text) RETURNS bool `+raise)
 	mustExec(t, db, `CREATE FUNCTION `+e+`.boom2(a bigint, b integer) RETURNS bool `+raise)
 	mustExec(t, db, `CREATE FUNCTION `+e+`.boom3(a bigint, b bigint) RETURNS bool `+raise)
+	mustExec(t, db, `CREATE FUNCTION `+e+`.boom5(a integer, b integer) RETURNS bool `+raise)
 	mustExec(t, db, `CREATE FUNCTION `+e+`.boom4(v anyelement) RETURNS bool `+raise)
 	mustExec(t, db, `CREATE FUNCTION `+e+`.unnest(v anyarray) RETURNS SETOF anyelement `+raise)
-	for _, op := range []string{"=", "<>", ">", "<", "-", "/"} {
+	for _, op := range []string{"=", "<>", ">", "<", "<=", "-", "/", "+"} {
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = text, RIGHTARG = text, FUNCTION = `+e+`.boom)`)
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = integer, FUNCTION = `+e+`.boom2)`)
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = `+e+`.boom3)`)
+		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = integer, RIGHTARG = integer, FUNCTION = `+e+`.boom5)`)
 	}
+	// Bounds small enough that the grouped statements are cut by bytes,
+	// and the bulk UPDATE is grouped by pairing its rows.
+	oldGroup, oldSide := groupBytes, sideBytes
+	groupBytes, sideBytes = 100, 200
+	t.Cleanup(func() { groupBytes, sideBytes = oldGroup, oldSide })
 	for _, typ := range []string{"text", "oid", "xid8", "int8"} {
 		mustExec(t, db, `CREATE DOMAIN `+e+`.`+typ+` AS pg_catalog.`+typ+` CHECK (`+e+`.boom4(VALUE))`)
 	}

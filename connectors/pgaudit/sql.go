@@ -26,8 +26,11 @@ type sqlVars struct {
 	// (" COMPRESSION lz4" where the server has lz4, else empty).
 	Compression string
 	// Single and Chunk shape the audit rows: the first Single changes of a
-	// statement get a row each, the rest Chunk per row.
-	Single, Chunk int
+	// statement get a row each, the rest Chunk per row, and fewer where
+	// their images pass GroupBytes. SideBytes bounds an UPDATE's old or
+	// new images grouped without pairing rows (docs/decisions/0044).
+	Single, Chunk         int
+	GroupBytes, SideBytes int
 	// Order is the commit-order function's quoted name, OrderLockKey the
 	// advisory lock every capturing commit takes (capture.order = commit).
 	Order        string
@@ -42,6 +45,13 @@ const (
 	singleChanges = 64
 	chunkChanges  = 1000
 	seqPerRow     = 1000
+)
+
+// groupBytes and sideBytes bound grouped audit rows (variables for tests):
+// an array, and a row, cannot exceed 1 GB.
+var (
+	groupBytes = 64 << 20
+	sideBytes  = 256 << 20
 )
 
 var (
@@ -114,5 +124,7 @@ func (n names) vars(auditSchema string) sqlVars {
 		Marker:         quoteLiteral(n.marker),
 		Single:         singleChanges,
 		Chunk:          chunkChanges,
+		GroupBytes:     groupBytes,
+		SideBytes:      sideBytes,
 	}
 }

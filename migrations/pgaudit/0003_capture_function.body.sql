@@ -2,6 +2,8 @@ DECLARE
     v_txid     pg_catalog.xid8 := pg_catalog.pg_current_xact_id();
     v_rows     pg_catalog.int8 := 0;
     v_work_mem pg_catalog.text;
+    v_over     pg_catalog.bool;
+    v_ids      pg_catalog.int8[];
     -- The configured table the changes belong to: the name the trigger
     -- was made with (a trigger made before triggers had arguments: the
     -- table it is on). When the table has another name now, the images
@@ -23,6 +25,11 @@ BEGIN
     -- per audit row, which is what keeps bulk statements cheap. Groups are
     -- arrays of record_send images (bytea[]): n.* rather than n names the
     -- whole row even when the table has a column called n.
+    -- A group is also cut where its images pass {{.GroupBytes}} bytes: an
+    -- array, and an audit row, cannot exceed 1 GB, and rows of a megabyte
+    -- are no rarity (documents, images). The running sum comes from the
+    -- same window as the row number, over images computed once (OFFSET 0
+    -- keeps the subquery, and so record_send, from being inlined twice).
     IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, after)
         SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.record_send(n.*)
@@ -36,10 +43,12 @@ BEGIN
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
-            FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
+            FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
+                  FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s
+                  WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
-            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}
-            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}};
+            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
+            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
@@ -56,18 +65,48 @@ BEGIN
         IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
-            INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
-            SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
-            FROM (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt,
-                         pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
-                  FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
-                  WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) o
-            JOIN (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk,
-                         pg_catalog.array_send(pg_catalog.array_agg(g.r)) AS img
-                  FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) g
-                  WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) n
-              ON o.chunk OPERATOR(pg_catalog.=) n.chunk
-            ORDER BY o.chunk;
+            -- Old and new images must be cut at the same rows. Each side is
+            -- cut every {{.Chunk}} rows, which needs no pairing of rows; its
+            -- images past {{.SideBytes}} bytes are left out (so no array
+            -- exceeds that) and the audit rows marked (changes -1). Only a
+            -- statement that big pays for pairing every row, numbered on
+            -- both sides, and cutting both where the pairs pass
+            -- {{.GroupBytes}} bytes, in statement order; the marked rows go.
+            WITH ins AS (
+                INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
+                SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u',
+                       CASE WHEN o.over OR n.over THEN -1 ELSE o.cnt END, o.img, n.img
+                FROM (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
+                             pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
+                      FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
+                            FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s
+                            WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
+                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) o
+                JOIN (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
+                             pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
+                      FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
+                            FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s
+                            WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
+                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) n
+                  ON o.chunk OPERATOR(pg_catalog.=) n.chunk
+                ORDER BY o.chunk
+                RETURNING id, changes)
+            SELECT pg_catalog.bool_or(ins.changes OPERATOR(pg_catalog.<) 0), pg_catalog.array_agg(ins.id) INTO v_over, v_ids FROM ins;
+            IF v_over THEN
+                DELETE FROM {{.Table}} WHERE id OPERATOR(pg_catalog.=) ANY (v_ids);
+                INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
+                SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', pg_catalog.count(*),
+                       pg_catalog.array_send(pg_catalog.array_agg(g.o)), pg_catalog.array_send(pg_catalog.array_agg(g.n))
+                FROM (SELECT p.rn, p.o, p.n,
+                             pg_catalog.sum(pg_catalog.octet_length(p.o)::pg_catalog.int8 OPERATOR(pg_catalog.+) pg_catalog.octet_length(p.n)) OVER (ROWS UNBOUNDED PRECEDING) AS run
+                      FROM (SELECT o.rn, o.r AS o, n.r AS n
+                            FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) o
+                            JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) n
+                              ON o.rn OPERATOR(pg_catalog.=) n.rn
+                            WHERE o.rn OPERATOR(pg_catalog.>) {{.Single}} ORDER BY o.rn OFFSET 0) p) g
+                GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
+                ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
+            END IF;
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
@@ -81,10 +120,12 @@ BEGIN
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
-            FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) g
+            FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
+                  FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s
+                  WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
-            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}
-            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}};
+            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
+            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
