@@ -461,7 +461,7 @@ func TestGroupsCutByBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			groups := map[string]int{}
+			groups, inGroups := map[string]int{}, map[string]int{}
 			var changes int
 			for q.Next() {
 				var op string
@@ -473,6 +473,7 @@ func TestGroupsCutByBytes(t *testing.T) {
 					t.Errorf("%s group of %d changes, %d bytes of images (bound %d)", op, n, size, groupBytes)
 				}
 				groups[op]++
+				inGroups[op] += n
 				changes += n
 			}
 			q.Close()
@@ -485,6 +486,12 @@ func TestGroupsCutByBytes(t *testing.T) {
 					desc = append(desc, op+"=1")
 				} else if groups[op] > 1 {
 					desc = append(desc, op+">1")
+				}
+			}
+			for op, n := range groups {
+				// Cut by bytes, not row by row: a group holds several.
+				if inGroups[op] < 2*n {
+					t.Errorf("%d %s groups hold %d changes", n, op, inGroups[op])
 				}
 			}
 			if got := strings.Join(desc, " "); got != tc.wantGroups {

@@ -98,7 +98,7 @@ BEGIN
                 SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', pg_catalog.count(*),
                        pg_catalog.array_send(pg_catalog.array_agg(g.o)), pg_catalog.array_send(pg_catalog.array_agg(g.n))
                 FROM (SELECT p.rn, p.o, p.n,
-                             pg_catalog.sum(pg_catalog.octet_length(p.o)::pg_catalog.int8 OPERATOR(pg_catalog.+) pg_catalog.octet_length(p.n)) OVER (ROWS UNBOUNDED PRECEDING) AS run
+                             pg_catalog.sum(pg_catalog.octet_length(p.o) OPERATOR(pg_catalog.+) pg_catalog.octet_length(p.n)) OVER (ROWS UNBOUNDED PRECEDING) AS run
                       FROM (SELECT o.rn, o.r AS o, n.r AS n
                             FROM (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o) o
                             JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) n
