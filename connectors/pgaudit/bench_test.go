@@ -172,15 +172,16 @@ END $$`)
 
 	// The floor of any trigger-based capture on this machine: the same
 	// workload against a table whose statement-level triggers (with
-	// transition tables, as pgaudit's) call a PL/pgSQL function that does
-	// nothing (docs/decisions/0045). Not what pgaudit installs.
+	// transition tables, as pgaudit's) call a SECURITY DEFINER PL/pgSQL
+	// function, without SET search_path as pgaudit's, that does nothing
+	// (docs/decisions/0045). Not what pgaudit installs.
 	b.Run("single_row_tx_4_clients_empty_trigger_reference", func(b *testing.B) {
 		s := newSchema(b, db)
 		plain, captured := qualified(s, "plain"), qualified(s, "captured")
 		mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)
 		mustExec(b, db, `CREATE TABLE `+captured+` `+benchColumns)
 		fn := qualified(s, "nothing")
-		mustExec(b, db, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$BEGIN RETURN NULL; END$$`)
+		mustExec(b, db, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$BEGIN RETURN NULL; END$$`)
 		mustExec(b, db, `CREATE TRIGGER ins AFTER INSERT ON `+captured+` REFERENCING NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
 		mustExec(b, db, `CREATE TRIGGER upd AFTER UPDATE ON `+captured+` REFERENCING OLD TABLE AS o NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
 		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured)

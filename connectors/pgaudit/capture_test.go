@@ -480,3 +480,27 @@ func mustJSON(t testing.TB, v any) []byte {
 	}
 	return b
 }
+
+// TestKeysOfATableRenamedWhileRunning: a captured table renamed while the
+// task runs keeps sending its changes, keyed as before, also after the
+// task reads its tables' keys again (the configured name is then gone).
+func TestKeysOfATableRenamedWhileRunning(t *testing.T) {
+	old := metaRefresh
+	metaRefresh = 0
+	t.Cleanup(func() { metaRefresh = old })
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int PRIMARY KEY, v text)`)
+	r := startConnector(t, baseConfig(testenv.Unique("renamedkeys-"), url, auditSchemaFor(t, db), s+".a"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (1, 'a')`)
+	r.collect(1, true)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` RENAME TO a2`)
+	for id := 2; id <= 3; id++ {
+		mustExec(t, db, `INSERT INTO `+qualified(s, "a2")+` VALUES ($1, 'b')`, id)
+		got := r.collect(1, true)
+		if want := fmt.Sprintf(`{"id":%d}`, id); string(mustJSON(t, got[0].Key)) != want || got[0].Topic != "tc."+s+".a" {
+			t.Errorf("after the rename: topic %s key %s, want %s", got[0].Topic, mustJSON(t, got[0].Key), want)
+		}
+	}
+}

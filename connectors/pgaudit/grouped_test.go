@@ -435,9 +435,13 @@ func TestGroupsCutByBytes(t *testing.T) {
 		side       int
 		byPairing  bool // the UPDATE past sideBytes
 		wantGroups string
+		// immediate: capture.order=commit, and the UPDATE's transaction
+		// fires the renumbering at once (SET CONSTRAINTS ALL IMMEDIATE).
+		immediate bool
 	}{
-		{"update within the side bound", 1 << 20, false, "c>1 u=1 d>1"},
-		{"update past the side bound", 1000, true, "c>1 u>1 d>1"},
+		{"update within the side bound", 1 << 20, false, "c>1 u=1 d>1", false},
+		{"update past the side bound", 1000, true, "c>1 u>1 d>1", false},
+		{"update past the side bound, renumbered at once", 1000, true, "c>1 u>1 d>1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			oldGroup, oldSide := groupBytes, sideBytes
@@ -447,12 +451,25 @@ func TestGroupsCutByBytes(t *testing.T) {
 			s := newSchema(t, db)
 			tbl := qualified(s, "t")
 			mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, o text)`)
-			r := startConnector(t, baseConfig(testenv.Unique("bytes-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+			cfg := baseConfig(testenv.Unique("bytes-"), url, auditSchemaFor(t, db), s+".t")
+			if tc.immediate {
+				cfg[KeyCaptureOrder] = orderCommit
+			}
+			r := startConnector(t, cfg, connect.NewMemoryLedger())
 			defer func() { _ = r.stop(true) }()
 
 			const rows = 200
 			mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, 'r' || g FROM generate_series(1, %d) g`, tbl, rows))
-			mustExec(t, db, `UPDATE `+tbl+` SET o = o || 'x'`)
+			if tc.immediate {
+				tx := begin(t, db)
+				txExec(t, tx, `SET CONSTRAINTS ALL IMMEDIATE`)
+				txExec(t, tx, `UPDATE `+tbl+` SET o = o || 'x'`)
+				if err := tx.Commit(testCtx(t)); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				mustExec(t, db, `UPDATE `+tbl+` SET o = o || 'x'`)
+			}
 			mustExec(t, db, `DELETE FROM `+tbl)
 
 			// The groups: how many per statement, none marked, none past

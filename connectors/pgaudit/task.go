@@ -187,7 +187,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 		return fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(t.s.url), KeyURL, err)
 	}
 	t.meta = map[tableName]*tableMeta{}
-	if err := t.loadMeta(ctx, t.tables); err != nil {
+	if err := t.loadMeta(ctx, t.tables, false); err != nil {
 		return err
 	}
 	at := pgx.Identifier{s.auditSchema, t.n.table}.Sanitize()
@@ -212,8 +212,11 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 }
 
 // loadMeta (re)reads what decoding and keying the tables' changes needs:
-// primary key, row type and live columns.
-func (t *Task) loadMeta(ctx context.Context, tables []tableName) error {
+// primary key, row type and live columns. keepGone keeps what is known of
+// a table no longer found under its name (renamed while the task runs:
+// its changes still come, filed under the old name, and keyed by the key
+// read before).
+func (t *Task) loadMeta(ctx context.Context, tables []tableName, keepGone bool) error {
 	schemas, names := splitNames(tables)
 	rows, err := t.pool.Query(ctx, `
 SELECT x.s, x.n, coalesce((
@@ -249,6 +252,9 @@ LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names)
 		)
 		if err := rows.Scan(&tb.Schema, &tb.Name, &pk, &rowType, &arrayType, &colNames, &colTypes, &stable); err != nil {
 			return err
+		}
+		if _, known := t.meta[tb]; known && keepGone && rowType == 0 {
+			continue
 		}
 		m := t.newMeta(tb, pk)
 		m.rowType, m.arrayType = uint32(rowType), uint32(arrayType)
@@ -640,7 +646,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 	}
 	if len(missing) > 0 {
-		if err := t.loadMeta(ctx, missing); err != nil {
+		if err := t.loadMeta(ctx, missing, true); err != nil {
 			return nil, err
 		}
 	}
@@ -700,7 +706,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 				tables = append(tables, tb)
 			}
 		}
-		if err := t.loadMeta(ctx, tables); err != nil {
+		if err := t.loadMeta(ctx, tables, true); err != nil {
 			return nil, err
 		}
 		for _, i := range stale {
@@ -734,7 +740,7 @@ func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb, captured tab
 	if err == nil || !shapeChanged(err) {
 		return out, err
 	}
-	if err := t.loadMeta(ctx, []tableName{tb, captured}); err != nil {
+	if err := t.loadMeta(ctx, []tableName{tb, captured}, false); err != nil {
 		return nil, err
 	}
 	m = t.meta[tb]

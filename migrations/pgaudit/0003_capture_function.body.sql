@@ -3,7 +3,6 @@ DECLARE
     v_rows     pg_catalog.int8 := 0;
     v_work_mem pg_catalog.text;
     v_over     pg_catalog.bool;
-    v_ids      pg_catalog.int8[];
     -- The configured table the changes belong to: the name the trigger
     -- was made with (a trigger made before triggers had arguments: the
     -- table it is on). When the table has another name now, the images
@@ -30,6 +29,11 @@ BEGIN
     -- are no rarity (documents, images). The running sum comes from the
     -- same window as the row number, over images computed once (OFFSET 0
     -- keeps the subquery, and so record_send, from being inlined twice).
+    -- Chunk and byte cut go into one grouping key, chunk * 2^20 + bytes /
+    -- {{.GroupBytes}}, which grows with the rows: the planner estimates one
+    -- expression at few groups and hashes them, aggregating each group's
+    -- images in the order they came (two expressions made it sort, and a
+    -- sort may reorder equal keys).
     IF TG_OP OPERATOR(pg_catalog.=) 'INSERT' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, after)
         SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.record_send(n.*)
@@ -47,8 +51,8 @@ BEGIN
                   FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s
                   WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
-            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
-            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
+            GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
+            ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
@@ -68,32 +72,32 @@ BEGIN
             -- Old and new images must be cut at the same rows. Each side is
             -- cut every {{.Chunk}} rows, which needs no pairing of rows; its
             -- images past {{.SideBytes}} bytes are left out (so no array
-            -- exceeds that) and the audit rows marked (changes -1). Only a
-            -- statement that big pays for pairing every row, numbered on
-            -- both sides, and cutting both where the pairs pass
-            -- {{.GroupBytes}} bytes, in statement order; the marked rows go.
-            WITH ins AS (
-                INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
-                SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u',
-                       CASE WHEN o.over OR n.over THEN -1 ELSE o.cnt END, o.img, n.img
-                FROM (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
+            -- exceeds that) and the chunks marked. Only a statement that big
+            -- pays for pairing every row, numbered on both sides, and cutting
+            -- both where the pairs pass {{.GroupBytes}} bytes, in statement
+            -- order. Nothing is written before that is known: rows written
+            -- and deleted again could be renumbered in between (commit order
+            -- with SET CONSTRAINTS ALL IMMEDIATE).
+            WITH o AS MATERIALIZED (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
                              pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
                       FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
                             FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s
                             WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
-                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) o
-                JOIN (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
+                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1),
+                 n AS MATERIALIZED (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
                              pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
                       FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
                             FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s
                             WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
-                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1) n
-                  ON o.chunk OPERATOR(pg_catalog.=) n.chunk
-                ORDER BY o.chunk
-                RETURNING id, changes)
-            SELECT pg_catalog.bool_or(ins.changes OPERATOR(pg_catalog.<) 0), pg_catalog.array_agg(ins.id) INTO v_over, v_ids FROM ins;
+                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1),
+                 ins AS (
+                INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
+                SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
+                FROM o JOIN n ON o.chunk OPERATOR(pg_catalog.=) n.chunk
+                WHERE NOT EXISTS (SELECT FROM o AS x WHERE x.over) AND NOT EXISTS (SELECT FROM n AS x WHERE x.over)
+                ORDER BY o.chunk)
+            SELECT EXISTS (SELECT FROM o WHERE o.over) OR EXISTS (SELECT FROM n WHERE n.over) INTO v_over;
             IF v_over THEN
-                DELETE FROM {{.Table}} WHERE id OPERATOR(pg_catalog.=) ANY (v_ids);
                 INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
                 SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', pg_catalog.count(*),
                        pg_catalog.array_send(pg_catalog.array_agg(g.o)), pg_catalog.array_send(pg_catalog.array_agg(g.n))
@@ -104,8 +108,8 @@ BEGIN
                             JOIN (SELECT pg_catalog.row_number() OVER () AS rn, pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n) n
                               ON o.rn OPERATOR(pg_catalog.=) n.rn
                             WHERE o.rn OPERATOR(pg_catalog.>) {{.Single}} ORDER BY o.rn OFFSET 0) p) g
-                GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
-                ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
+                GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
+                ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
             END IF;
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
@@ -124,8 +128,8 @@ BEGIN
                   FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s
                   WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
-            GROUP BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}}
-            ORDER BY (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}, g.run OPERATOR(pg_catalog./) {{.GroupBytes}};
+            GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
+            ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
             PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN

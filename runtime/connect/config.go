@@ -271,7 +271,7 @@ const MaskedPassword = "xxxxx"
 // in a key=value DSN; uriPassword finds them among a URL's query parameters.
 var (
 	dsnPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)`)
-	uriPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&#\s]*)`)
+	uriPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&\s]*)`)
 )
 
 // MaskCredentials hides the passwords in a URL (scheme://user:pass@host, and
@@ -295,9 +295,10 @@ func MaskCredentials(s string) string {
 		authority = rest[:j]
 	}
 	at := strings.LastIndexByte(authority, '@')
-	if at < 0 {
+	if q := strings.IndexByte(rest, '?'); at < 0 && (q < 0 || strings.IndexByte(rest, '@') < q) {
 		// A '/' in the password: not a URL libpq can use, but its
-		// error messages would still quote it.
+		// error messages would still quote it. An '@' only in the query
+		// (user=alice@corp) is no user part.
 		at = strings.IndexByte(rest, '@')
 	}
 	if at >= 0 {

@@ -73,6 +73,8 @@ func TestMaskCredentials(t *testing.T) {
 		// A '/' in a password: libpq cannot use the URL, but errors quote it.
 		{"postgres://u:S3cr/PW@h/db", "postgres://u:xxxxx@h/db"},
 		{"postgres://h:5432/db?sslmode=disable", "postgres://h:5432/db?sslmode=disable"},
+		{"postgres://h/db?user=u&password=ab#cd", "postgres://h/db?user=u&password=xxxxx"},
+		{"postgres://db:5432/app?user=alice@corp&password=pw", "postgres://db:5432/app?user=alice@corp&password=xxxxx"},
 		// sslpassword: the passphrase of the client's key.
 		{"postgres://u@h/db?sslmode=verify-full&sslpassword=k3y&password=s3cret", "postgres://u@h/db?sslmode=verify-full&sslpassword=xxxxx&password=xxxxx"},
 		{"host=h sslpassword=k3y password=s3cret", "host=h sslpassword=xxxxx password=xxxxx"},
