@@ -26,7 +26,16 @@ type proxy struct {
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]struct{}
+	delay time.Duration // before a new connection is forwarded
 	wg    sync.WaitGroup
+}
+
+// slow makes new connections wait d before they are forwarded, as a
+// remote server's TLS handshake would.
+func (p *proxy) slow(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
+	p.mu.Unlock()
 }
 
 func newProxy(t testing.TB, target string) *proxy {
@@ -50,6 +59,10 @@ func (p *proxy) serve(ln net.Listener) {
 			if err != nil {
 				return
 			}
+			p.mu.Lock()
+			delay := p.delay
+			p.mu.Unlock()
+			time.Sleep(delay)
 			up, err := net.Dial("tcp", p.target)
 			if err != nil {
 				c.Close()

@@ -441,6 +441,9 @@ func (t *Task) retryLater(ctx context.Context, what string, err error) {
 	_ = sleepCtx(ctx, t.backoff)
 }
 
+// listenConnectTimeout bounds reopening the LISTEN connection.
+const listenConnectTimeout = 10 * time.Second
+
 // wait blocks until a notification arrives, the deadline passes or ctx is
 // done. A broken LISTEN connection is reopened; notifications sent meanwhile
 // are lost, so the caller polls again either way.
@@ -450,7 +453,14 @@ func (t *Task) wait(ctx context.Context, deadline time.Time) {
 			_ = t.listener.Close(context.WithoutCancel(ctx))
 			t.listener = nil
 		}
-		lctx, cancel := context.WithDeadline(ctx, deadline)
+		// Connecting gets its own time: the wait may be a few
+		// milliseconds, less than connecting to a remote server takes,
+		// and the connection would never come back.
+		connectBy := deadline
+		if least := time.Now().Add(listenConnectTimeout); connectBy.Before(least) {
+			connectBy = least
+		}
+		lctx, cancel := context.WithDeadline(ctx, connectBy)
 		err := t.listen(lctx)
 		cancel()
 		if err != nil {

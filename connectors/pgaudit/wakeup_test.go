@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -412,4 +413,52 @@ func TestStoppingTaskPrunesNothing(t *testing.T) {
 	if err := r.stop(true); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestListenReconnectsWhenConnectingIsSlow: a LISTEN connection lost while
+// poll.interval.ms is shorter than connecting takes still comes back (the
+// reconnect used to get only the wait's few milliseconds, and failed for
+// good, leaving the task polling).
+func TestListenReconnectsWhenConnectingIsSlow(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	if !strings.Contains(url, "127.0.0.1:5432") {
+		testenv.Skip(t, "the test proxies 127.0.0.1:5432; %s points elsewhere", testenv.PostgresEnv)
+	}
+	px := newProxy(t, "127.0.0.1:5432")
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("slowlisten-"), strings.Replace(url, "127.0.0.1:5432", px.addr, 1), auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "20"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	app := ApplicationName(r.name, "listen-0")
+	listening := func() (bool, string, error) {
+		var n int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		return n == 1, "the LISTEN connection " + app, err
+	}
+	await(t, 10*time.Second, listening)
+
+	px.slow(200 * time.Millisecond)
+	mustExec(t, db, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
+	stop := make(chan struct{})
+	polled := make(chan struct{})
+	task := r.tasks[0]
+	go func() {
+		defer close(polled)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, _ = task.Poll(pctx)
+			cancel()
+		}
+	}()
+	// Before the connector stops (deferred earlier, so run later).
+	defer func() { close(stop); <-polled }()
+	await(t, 15*time.Second, listening)
 }
