@@ -486,16 +486,6 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 		}
 		return nil
 	}
-	defer func() {
-		if err != nil && !committed {
-			// The transaction rolled back: what this attempt recorded was
-			// never created.
-			for _, r := range newly {
-				_ = h.Ledger.Release(context.WithoutCancel(ctx), r)
-			}
-		}
-	}()
-
 	if err := addImageColumns(ctx, conn, v.Table); err != nil {
 		return err
 	}
@@ -503,7 +493,18 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if err != nil {
 		return fmt.Errorf("provisioning: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		if err != nil && !committed {
+			// What this attempt recorded was never created. Released
+			// before the rollback ends the advisory lock: another
+			// instance of the connector provisioning next must not find
+			// the entries, skip recording them, and then lose them.
+			for _, r := range newly {
+				_ = h.Ledger.Release(context.WithoutCancel(ctx), r)
+			}
+		}
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}()
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
 	}

@@ -1114,3 +1114,59 @@ func renamesThatReuseNames(t *testing.T, level string, tt renameCase) {
 		t.Errorf("delivered\n got %v\nwant %v", byTopic, wantBy)
 	}
 }
+
+// lockWatchingLedger fails Own for functions and notes, at each Release,
+// whether the provisioning session still holds pgaudit's advisory lock.
+type lockWatchingLedger struct {
+	connect.Ledger
+	db            *pgxpool.Pool
+	app           string // the provisioning session's application_name
+	heldAtRelease []bool
+}
+
+func (l *lockWatchingLedger) Own(ctx context.Context, r connect.Resource) error {
+	if r.Kind == KindFunction {
+		return errors.New("injected ledger failure")
+	}
+	return l.Ledger.Own(ctx, r)
+}
+
+func (l *lockWatchingLedger) Release(ctx context.Context, r connect.Resource) error {
+	var held bool
+	key := uint64(lockKey)
+	err := l.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+  AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 1
+  AND pid IN (SELECT pid FROM pg_stat_activity WHERE application_name = $3))`, int64(key>>32), int64(key&0xffffffff), l.app).Scan(&held)
+	if err != nil {
+		return err
+	}
+	l.heldAtRelease = append(l.heldAtRelease, held)
+	return l.Ledger.Release(ctx, r)
+}
+
+// TestFailedProvisioningReleasesUnderTheLock: a provisioning attempt that
+// fails releases the ledger entries it recorded while it still holds the
+// advisory lock. Released after the rollback, another instance of the
+// connector provisioning meanwhile could find them, not record them again,
+// create the objects, and lose them from the ledger.
+func TestFailedProvisioningReleasesUnderTheLock(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int)`)
+	cfg := baseConfig(testenv.Unique("lockrel-"), url, auditSchemaFor(t, db), s+".a")
+	l := &lockWatchingLedger{Ledger: connect.NewMemoryLedger(), db: db, app: ApplicationName(cfg["name"], "connector")}
+	if _, err := tryStart(t, cfg, l); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("Start: %v, want the injected failure", err)
+	}
+	if len(l.heldAtRelease) == 0 {
+		t.Fatal("nothing was released")
+	}
+	for i, held := range l.heldAtRelease {
+		if !held {
+			t.Errorf("release %d happened after the advisory lock was given up", i)
+		}
+	}
+	if rs, _ := l.List(testCtx(t)); len(rs) != 0 {
+		t.Errorf("ledger lists %v after a failed Start", rs)
+	}
+}
