@@ -375,15 +375,8 @@ func TestColumnNamedLikeTheDecoder(t *testing.T) {
 // bounded size (a protocol message cannot exceed 1 GB); with a bound of a
 // few images, single and grouped changes still come out whole and in order.
 func TestDecodeInBatches(t *testing.T) {
-	old := decodeBatchBytes
-	decodeBatchBytes = 100
-	t.Cleanup(func() { decodeBatchBytes = old })
-	db, url := admin(t)
-	s := newSchema(t, db)
-	tbl := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
-	r := startConnector(t, baseConfig(testenv.Unique("batches-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
+	override(t, &decodeBatchBytes, 100)
+	db, tbl, r := oneTable(t, "batches-", `(id int PRIMARY KEY, v text)`)
 	const n = singleChanges + 40
 	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, pg_catalog.repeat('v', g) FROM generate_series(1, %d) g`, tbl, n))
 	mustExec(t, db, `UPDATE `+tbl+` SET v = 'w' WHERE id = 7`)
@@ -404,15 +397,8 @@ func TestDecodeInBatches(t *testing.T) {
 // TestPollReadsBoundedBytes: one Poll reads about readBatchBytes of images
 // however many changes poll.max.records allows, and at least one row.
 func TestPollReadsBoundedBytes(t *testing.T) {
-	old := readBatchBytes
-	readBatchBytes = 150
-	t.Cleanup(func() { readBatchBytes = old })
-	db, url := admin(t)
-	s := newSchema(t, db)
-	tbl := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
-	r := startConnector(t, baseConfig(testenv.Unique("bytes-"), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
+	override(t, &readBatchBytes, 150)
+	db, tbl, r := oneTable(t, "bytes-", `(id int PRIMARY KEY, v text)`)
 	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g, pg_catalog.repeat('v', 200) FROM generate_series(1, 3) g`)
 	var first []connect.SourceRecord
 	await(t, 10*time.Second, func() (bool, string, error) {
@@ -462,9 +448,7 @@ func TestPrimaryKeyChangesReachTheKeys(t *testing.T) {
 		t.Errorf("key after the key column's rename: %s", mustJSON(t, got[0].Key))
 	}
 
-	old := metaRefresh
-	metaRefresh = 0
-	t.Cleanup(func() { metaRefresh = old })
+	override(t, &metaRefresh, 0)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "keyless")+` ADD PRIMARY KEY (id)`)
 	mustExec(t, db, `INSERT INTO `+qualified(s, "keyless")+` VALUES (2, 'b')`)
 	if got := r.collect(1, true); string(mustJSON(t, got[0].Key)) != `{"id":2}` {
@@ -485,9 +469,7 @@ func mustJSON(t testing.TB, v any) []byte {
 // task runs keeps sending its changes, keyed as before, also after the
 // task reads its tables' keys again (the configured name is then gone).
 func TestKeysOfATableRenamedWhileRunning(t *testing.T) {
-	old := metaRefresh
-	metaRefresh = 0
-	t.Cleanup(func() { metaRefresh = old })
+	override(t, &metaRefresh, 0)
 	db, url := admin(t)
 	s := newSchema(t, db)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int PRIMARY KEY, v text)`)

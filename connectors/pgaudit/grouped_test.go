@@ -444,9 +444,8 @@ func TestGroupsCutByBytes(t *testing.T) {
 		{"update past the side bound, renumbered at once", 1000, true, "c>1 u>1 d>1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			oldGroup, oldSide := groupBytes, sideBytes
-			groupBytes, sideBytes = 300, tc.side
-			t.Cleanup(func() { groupBytes, sideBytes = oldGroup, oldSide })
+			override(t, &groupBytes, 300)
+			override(t, &sideBytes, tc.side)
 			db, url := admin(t)
 			s := newSchema(t, db)
 			tbl := qualified(s, "t")

@@ -299,3 +299,23 @@ func functionsOf(t testing.TB, db *pgxpool.Pool, connector string) int {
 	}
 	return n
 }
+
+// override sets *p to v for the test (a package variable tests shrink).
+func override[T any](t testing.TB, p *T, v T) {
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}
+
+// oneTable creates table t with the given columns in a fresh schema and
+// starts a connector capturing it, deleted at the end of the test.
+func oneTable(t testing.TB, prefix, columns string) (db *pgxpool.Pool, table string, r *running) {
+	t.Helper()
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table = qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` `+columns)
+	r = startConnector(t, baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	return db, table, r
+}

@@ -490,9 +490,8 @@ func TestCaptureIgnoresSearchPath(t *testing.T) {
 	}
 	// Bounds small enough that the grouped statements are cut by bytes,
 	// and the bulk UPDATE is grouped by pairing its rows.
-	oldGroup, oldSide := groupBytes, sideBytes
-	groupBytes, sideBytes = 100, 200
-	t.Cleanup(func() { groupBytes, sideBytes = oldGroup, oldSide })
+	override(t, &groupBytes, 100)
+	override(t, &sideBytes, 200)
 	for _, typ := range []string{"text", "oid", "xid8", "int8"} {
 		mustExec(t, db, `CREATE DOMAIN `+e+`.`+typ+` AS pg_catalog.`+typ+` CHECK (`+e+`.boom4(VALUE))`)
 	}
