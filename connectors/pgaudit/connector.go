@@ -536,6 +536,9 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if len(problems) > 0 {
 		return fmt.Errorf("cannot capture (nothing was provisioned): %s", strings.Join(problems, "; "))
 	}
+	if err := warnOwnAfterTriggers(ctx, tx, h, s, rowLevel); err != nil {
+		return err
+	}
 
 	var (
 		db                                                      string
@@ -1095,6 +1098,50 @@ SELECT pg_catalog.to_regclass($1) IS NOT NULL AND (
 		return fmt.Errorf("adding columns to the audit table %s: commit: %w", auditTable, err)
 	}
 	return nil
+}
+
+// warnOwnAfterTriggers logs the captured tables that statement-level
+// triggers capture and that have AFTER INSERT, UPDATE or DELETE triggers of
+// their own. Such a trigger that writes its table again runs a statement
+// whose capture fires before the outer statement's, so the row's changes
+// would leave out of order; row-level capture fires first among a table's
+// row triggers and keeps them in order (docs/pgaudit.md, "Order").
+func warnOwnAfterTriggers(ctx context.Context, tx pgx.Tx, h *connect.Host, s settings, rowLevel map[string]bool) error {
+	var stmt []tableName
+	for _, t := range s.tables {
+		if !rowLevel[t.quoted()] {
+			stmt = append(stmt, t)
+		}
+	}
+	if len(stmt) == 0 {
+		return nil
+	}
+	schemas, tables := splitNames(stmt)
+	rows, err := tx.Query(ctx, `
+SELECT t.s, t.n, array_agg(tg.tgname::text ORDER BY tg.tgname)
+FROM unnest($1::text[], $2::text[]) AS t(s, n)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
+JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = c.oid
+WHERE NOT tg.tgisinternal
+  AND tg.tgtype::int & 66 = 0   -- neither BEFORE (2) nor INSTEAD OF (64)
+  AND tg.tgtype::int & 28 <> 0  -- INSERT (4), DELETE (8) or UPDATE (16)
+  AND NOT starts_with(coalesce(pg_catalog.obj_description(tg.tgfoid, 'pg_proc'), ''), $3)
+GROUP BY 1, 2 ORDER BY 1, 2`, schemas, tables, markerPrefix)
+	if err != nil {
+		return fmt.Errorf("inspecting the captured tables' own triggers: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t tableName
+		var names []string
+		if err := rows.Scan(&t.Schema, &t.Name, &names); err != nil {
+			return fmt.Errorf("inspecting the captured tables' own triggers: %w", err)
+		}
+		h.Logger.Warn("a captured table has AFTER triggers of its own: if they write to the table again, its changes can leave out of order under capture.level=statement; capture.level=row keeps them in order",
+			"table", t.String(), "triggers", names)
+	}
+	return rows.Err()
 }
 
 // isMarked reports whether an object's comment m (nil: none) is marker.

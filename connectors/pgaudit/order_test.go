@@ -1,9 +1,11 @@
 package pgaudit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -449,6 +451,140 @@ func TestDDLLocksCapturedTablesBeforeTheAuditTable(t *testing.T) {
 			}
 			if rs, _ := l.List(ctx); len(rs) != 0 && tc.deletion {
 				t.Errorf("ledger after deletion: %v", rs)
+			}
+		})
+	}
+}
+
+// TestRowCaptureBeforeTheTablesOwnTriggers: under row-level capture a
+// table's own AFTER trigger that writes the row again, whatever its name,
+// fires after the capture trigger has recorded the change, so the row's
+// changes leave in the order they happened. (A trigger named a_... fired
+// first while the capture trigger was named <base>_row.)
+func TestRowCaptureBeforeTheTablesOwnTriggers(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "t")
+	q := pgx.Identifier{s}.Sanitize()
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text, ver int NOT NULL DEFAULT 0)`)
+	mustExec(t, db, `CREATE FUNCTION `+q+`.bump() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN UPDATE `+tbl+` SET ver = ver + 1 WHERE id = NEW.id; RETURN NULL; END $$`)
+	for _, name := range []string{"a_bump", "Z_bump", "0_bump", "_bump"} {
+		mustExec(t, db, `CREATE TRIGGER `+pgx.Identifier{name}.Sanitize()+` AFTER INSERT OR UPDATE OF v ON `+tbl+` FOR EACH ROW EXECUTE FUNCTION `+q+`.bump()`)
+	}
+	cfg := baseConfig(testenv.Unique("nested-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeyCaptureLevel] = levelRow
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+
+	mustExec(t, db, `INSERT INTO `+tbl+` (id, v) VALUES (1, 'a')`)
+	var got []string
+	for _, c := range r.collect(5, true) {
+		got = append(got, fmt.Sprintf("%s %v->%v", c.Op, c.Before["ver"], c.After["ver"]))
+	}
+	// The insert, then the four triggers' bumps, each after the change
+	// it follows. (Only a name sorting before '!', such as one with a
+	// leading space, would fire first: docs/pgaudit.md, "Order".)
+	want := []string{"c <nil>->0", "u 0->1", "u 1->2", "u 2->3", "u 3->4"}
+	if !slices.Equal(got, want) {
+		t.Errorf("changes %v, want %v", got, want)
+	}
+}
+
+// TestRowTriggerOfTheEarlierNameReplaced: a row trigger made under the
+// earlier name (<base>_row, which could fire after a table's own triggers)
+// is replaced at Start by the current one, on partitions too, and the
+// ledger follows.
+func TestRowTriggerOfTheEarlierNameReplaced(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "plain")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
+	cfg := baseConfig(testenv.Unique("rowname-"), url, auditSchemaFor(t, db), s+".plain", s+".p")
+	cfg[KeyCaptureLevel] = levelRow
+	l := connect.NewMemoryLedger()
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	// What the earlier version left: the trigger, and its ledger entry,
+	// under the earlier name.
+	n := objectNames(cfg["name"])
+	earlier := n.base + "_row"
+	for _, tb := range []string{"plain", "p"} {
+		mustExec(t, db, `ALTER TRIGGER `+pgx.Identifier{n.rowTrigger}.Sanitize()+` ON `+qualified(s, tb)+` RENAME TO `+pgx.Identifier{earlier}.Sanitize())
+		if err := l.Release(ctx, triggerRes("test", tableName{s, tb}, n.rowTrigger)); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Own(ctx, triggerRes("test", tableName{s, tb}, earlier)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tr := captureTriggersIn(t, ctx, db, cfg["name"], s); !slices.Contains(tr, "p1 <base>_row true") {
+		t.Fatalf("the earlier name was not set up: %v", tr)
+	}
+
+	r := startConnector(t, cfg, l)
+	defer func() { _ = r.stop(true) }()
+	want := []string{"p !<base>_row false", "p <base>_trunc false", "p1 !<base>_row true", "plain !<base>_row false", "plain <base>_trunc false"}
+	if tr := captureTriggersIn(t, ctx, db, cfg["name"], s); !slices.Equal(tr, want) {
+		t.Errorf("triggers %v, want %v", tr, want)
+	}
+	rs, _ := l.List(ctx)
+	for _, r := range rs {
+		if r.Kind == KindTrigger && r.Name == earlier {
+			t.Errorf("the ledger still lists %v", r)
+		}
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "plain")+` VALUES (1)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "p")+` VALUES (2)`)
+	if got := r.collect(2, true); len(got) != 2 || got[0].Op != "c" || got[1].Op != "c" {
+		t.Errorf("captured %+v", got)
+	}
+}
+
+// TestWarnsOfTheTablesOwnAfterTriggers: Start warns, under statement-level
+// capture, of a captured table's own AFTER triggers (which could write the
+// table again, out of the capture's order), and not of BEFORE triggers,
+// of another pgaudit connector's capture triggers, or under row-level
+// capture.
+func TestWarnsOfTheTablesOwnAfterTriggers(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	q := pgx.Identifier{s}.Sanitize()
+	for _, tb := range []string{"own", "before_only"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY, ver int)`)
+	}
+	mustExec(t, db, `CREATE FUNCTION `+q+`.noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$`)
+	mustExec(t, db, `CREATE TRIGGER bump AFTER UPDATE ON `+qualified(s, "own")+` FOR EACH ROW EXECUTE FUNCTION `+q+`.noop()`)
+	mustExec(t, db, `CREATE TRIGGER stamp BEFORE UPDATE ON `+qualified(s, "before_only")+` FOR EACH ROW EXECUTE FUNCTION `+q+`.noop()`)
+	// Another connector's capture triggers on both tables.
+	other := startConnector(t, baseConfig(testenv.Unique("other-"), url, auditSchemaFor(t, db), s+".own", s+".before_only"), connect.NewMemoryLedger())
+	defer func() { _ = other.stop(true) }()
+
+	for _, level := range []string{levelStatement, levelRow} {
+		t.Run(level, func(t *testing.T) {
+			cfg := baseConfig(testenv.Unique("warn-"), url, auditSchemaFor(t, db), s+".own", s+".before_only")
+			cfg[KeyCaptureLevel] = level
+			var logs bytes.Buffer
+			h := testHost(cfg["name"], -1, connect.NewMemoryLedger())
+			h.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			ctx := connect.WithHost(testCtx(t), h)
+			c := &Connector{}
+			if err := c.Start(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			c.Stop(true)
+			if err := c.Stopped(ctx); err != nil {
+				t.Fatal(err)
+			}
+			warned := strings.Count(logs.String(), "AFTER triggers of its own")
+			switch {
+			case level == levelStatement && (warned != 1 || !strings.Contains(logs.String(), "table="+s+".own triggers=[bump]")):
+				t.Errorf("want one warning naming %s.own and bump; logs:\n%s", s, logs.String())
+			case level == levelRow && warned != 0:
+				t.Errorf("warned under row-level capture:\n%s", logs.String())
 			}
 		})
 	}

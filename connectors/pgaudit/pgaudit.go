@@ -270,10 +270,14 @@ func objectNames(connector string) names {
 		waiters:     base + "_waiters",
 		function:    base + "_capture",
 		rowFunction: base + "_capture_row",
-		rowTrigger:  base + "_row",
-		order:       base + "_order",
-		channel:     "tidyconnect_" + base,
-		marker:      markerPrefix + connector,
+		// '!' sorts before letters, digits and '_': PostgreSQL fires a
+		// table's row triggers in name order, and the capture trigger must
+		// record a change before a user's AFTER trigger changes the row
+		// again (docs/pgaudit.md, "Order").
+		rowTrigger: "!" + base + "_row",
+		order:      base + "_order",
+		channel:    "tidyconnect_" + base,
+		marker:     markerPrefix + connector,
 	}
 }
 
