@@ -486,3 +486,52 @@ func TestKeysOfATableRenamedWhileRunning(t *testing.T) {
 		}
 	}
 }
+
+// TestPollInterruptedWhileDecodingDelivers: a Poll whose context is
+// cancelled while it decodes a batch (the worker interrupts a Poll once an
+// ack arrives) still returns the batch rather than dropping the work, which
+// a batch of large rows could otherwise never finish.
+func TestPollInterruptedWhileDecodingDelivers(t *testing.T) {
+	override(t, &decodeBatchBytes, 1) // one statement per image: a slow decode
+	const rows = 3000
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
+	cfg := baseConfig(testenv.Unique("interrupted-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeyPollMaxRecords] = fmt.Sprint(rows)
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, 'v' FROM generate_series(1, %d) g`, tbl, rows))
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	type result struct {
+		recs []connect.SourceRecord
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := r.tasks[0].Poll(ctx)
+		done <- result{recs, err}
+	}()
+	// Cancel once the task is decoding.
+	await(t, 10*time.Second, func() (bool, string, error) {
+		var n int
+		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query LIKE '%to_json%'`,
+			ApplicationName(r.name, "task-0")).Scan(&n)
+		return n > 0, "the task decoding images", err
+	})
+	cancel()
+	res := <-done
+	if res.err != nil || len(res.recs) == 0 {
+		t.Fatalf("Poll interrupted while decoding: %d records, %v", len(res.recs), res.err)
+	}
+	if err := r.tasks[0].Commit(context.Background(), res.recs); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.recs) < rows {
+		if rest := r.collect(rows-len(res.recs), true); len(rest)+len(res.recs) != rows {
+			t.Errorf("%d + %d changes, want %d", len(res.recs), len(rest), rows)
+		}
+	}
+}

@@ -511,11 +511,18 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		schemas, names := splitNames(t.tables)
 		args = append(args, schemas, names)
 	}
-	raws, err := t.read(ctx, t.selectSQL[kind], args)
+	// Reading and decoding a batch runs to its end when the Poll is
+	// interrupted for a Commit (the worker cancels a Poll once an ack
+	// arrives): cut off and redone, a batch of large rows could be cut off
+	// again. Only a Stop cuts it short; a pause waits for it.
+	wctx, wcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer wcancel()
+	defer context.AfterFunc(t.stopContext(), wcancel)()
+	raws, err := t.read(wctx, t.selectSQL[kind], args)
 	if err != nil || len(raws) == 0 {
 		return nil, err
 	}
-	recs, err := t.records(ctx, raws)
+	recs, err := t.records(wctx, raws)
 	if err != nil {
 		return nil, err
 	}
