@@ -72,7 +72,7 @@ func connectDB(ctx context.Context, url, appName string) (*pgx.Conn, error) {
 // transient reports whether err is a lost or refused connection (worth a
 // retry with backoff) rather than a problem retrying cannot fix.
 func transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil {
 		return false
 	}
 	// pgx refuses to send a message over 1 GB: the same message would be
@@ -80,6 +80,8 @@ func transient(err error) bool {
 	if strings.Contains(err.Error(), "message body too large") {
 		return false
 	}
+	// What the server said decides, also when it said it while connecting
+	// (a wrong password, a missing database: retrying cannot help).
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
@@ -91,12 +93,18 @@ func transient(err error) bool {
 		}
 		return false
 	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return true
-	}
+	// A connect timeout (a server that stopped answering: a blackholed
+	// host, a failover) wraps context.DeadlineExceeded too; the callers
+	// tell their own cancellation apart by their context.
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
+		return true
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
 		return true
 	}
 	return pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed") ||

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
@@ -275,5 +281,52 @@ func TestOversizedMessageIsNotTransient(t *testing.T) {
 	}
 	if !transient(fmt.Errorf("reading: %w", &pgconn.PgError{Code: "57P01"})) {
 		t.Error("an admin shutdown does not count as a lost connection")
+	}
+}
+
+// TestTransientConnectErrors: a server that accepts connections but never
+// answers (a blackholed host, a stuck failover) times the connect out; that
+// is worth retrying. What the server answers while connecting decides:
+// a database that does not exist is not.
+func TestTransientConnectErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	held.Go(func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // never answered
+		}
+	})
+	defer func() { ln.Close(); held.Wait() }()
+	cc, err := pgx.ParseConfig("postgres://u@" + ln.Addr().String() + "/db?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.ConnectTimeout = 300 * time.Millisecond
+	_, err = pgx.ConnectConfig(context.Background(), cc)
+	if err == nil || !transient(err) {
+		t.Errorf("a connect timeout: %v, transient %v", err, transient(err))
+	}
+
+	url := testenv.PostgresURL(t)
+	cc, err = pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.Database = "no_such_database_" + strings.ReplaceAll(testenv.Unique("x"), "-", "_")
+	if _, err = pgx.ConnectConfig(context.Background(), cc); err == nil || transient(err) {
+		t.Errorf("a database that does not exist: %v, transient %v", err, err != nil && transient(err))
 	}
 }
