@@ -1,8 +1,8 @@
 package pgaudit
 
 import (
+	"context"
 	"encoding/json"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
 // proxy forwards a local port to PostgreSQL and can go down (refusing and
@@ -26,8 +27,24 @@ type proxy struct {
 	mu    sync.Mutex
 	ln    net.Listener
 	conns map[net.Conn]struct{}
-	delay time.Duration // before a new connection is forwarded
-	wg    sync.WaitGroup
+	delay  time.Duration // before a new connection is forwarded
+	frozen bool          // bytes are held, not forwarded: a server that stopped answering
+	wg     sync.WaitGroup
+}
+
+// freeze holds every byte in both directions (frozen) or forwards them.
+func (p *proxy) freeze(frozen bool) {
+	p.mu.Lock()
+	p.frozen = frozen
+	p.mu.Unlock()
+}
+
+// holding reports whether bytes are to be held: frozen, and not down
+// (which cuts the connections).
+func (p *proxy) holding() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.frozen && p.ln != nil
 }
 
 // slow makes new connections wait d before they are forwarded, as a
@@ -72,9 +89,23 @@ func (p *proxy) serve(ln net.Listener) {
 			p.conns[c], p.conns[up] = struct{}{}, struct{}{}
 			p.mu.Unlock()
 			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src)
-				dst.Close()
-				src.Close()
+				defer dst.Close()
+				defer src.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					for n > 0 && p.holding() {
+						time.Sleep(5 * time.Millisecond)
+					}
+					if n > 0 {
+						if _, werr := dst.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
 			}
 			p.wg.Go(func() { pipe(up, c) })
 			p.wg.Go(func() { pipe(c, up) })
@@ -197,5 +228,48 @@ func TestOutageThroughRuntime(t *testing.T) {
 	}
 	if relExists(t, db, cfg[KeyAuditSchema], objectNames(name).table) || triggerCount(t, db, s, "orders") != 0 {
 		t.Error("objects survived the retried deletion")
+	}
+}
+
+// TestInterruptedPollGivesUpOnAServerThatStoppedAnswering: a Poll goes on
+// reading its batch when interrupted, but not past interruptGrace: a
+// server that stopped answering (packets dropped, a stuck failover) must
+// not hold a pause back.
+func TestInterruptedPollGivesUpOnAServerThatStoppedAnswering(t *testing.T) {
+	override(t, &interruptGrace, 300*time.Millisecond)
+	db, url := admin(t)
+	if !strings.Contains(url, "127.0.0.1:5432") {
+		testenv.Skip(t, "the test proxies 127.0.0.1:5432; %s points elsewhere", testenv.PostgresEnv)
+	}
+	px := newProxy(t, "127.0.0.1:5432")
+	s := newSchema(t, db)
+	tbl := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("frozen-"), strings.Replace(url, "127.0.0.1:5432", px.addr, 1), auditSchemaFor(t, db), s+".t")
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	defer px.freeze(false)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+
+	px.freeze(true)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.tasks[0].Poll(ctx)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the Poll is reading from the frozen server
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the interrupted Poll returned no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an interrupted Poll still reads from a server that stopped answering after 10 s")
+	}
+	px.freeze(false)
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Errorf("after the server answers again: %+v", got[0])
 	}
 }

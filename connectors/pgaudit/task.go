@@ -324,6 +324,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	deadline := time.Now().Add(interval)
 	for {
 		if err := ctx.Err(); err != nil {
+			t.unmarkInterrupted()
 			return nil, err
 		}
 		recs, err := t.pollOnce(ctx)
@@ -396,6 +397,23 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	}
 }
 
+// unmarkInterrupted clears the task's waiting mark when its Poll was
+// interrupted while waiting: the runtime may not call Poll again for long
+// (a pause), and meanwhile every capturing commit would send a NOTIFY,
+// whose lock makes concurrent writers take turns (docs/decisions/0041).
+// Best effort: a failure leaves the mark, which only costs NOTIFYs.
+func (t *Task) unmarkInterrupted() {
+	if t.mark != markWaiting || t.stopContext().Err() != nil {
+		return // Stopped clears it
+	}
+	ctx, cancel := context.WithTimeout(t.stopContext(), 2*time.Second)
+	defer cancel()
+	t.mark = markUnknown
+	if err := t.setWaiting(ctx, false, false); err == nil {
+		t.mark = markClear
+	}
+}
+
 // markState is what a task's row in the wakeup table says, as far as the
 // task knows.
 type markState int8
@@ -440,6 +458,10 @@ func (t *Task) retryLater(ctx context.Context, what string, err error) {
 	t.host.Logger.Warn(what+" failed; retrying (the database may be down or restarting)", "error", err, "retry_in", t.backoff)
 	_ = sleepCtx(ctx, t.backoff)
 }
+
+// interruptGrace is how long an interrupted Poll may go on reading and
+// decoding its batch (a variable for tests).
+var interruptGrace = 10 * time.Second
 
 // listenConnectTimeout bounds reopening the LISTEN connection.
 const listenConnectTimeout = 10 * time.Second
@@ -511,13 +533,18 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		schemas, names := splitNames(t.tables)
 		args = append(args, schemas, names)
 	}
-	// Reading and decoding a batch runs to its end when the Poll is
-	// interrupted for a Commit (the worker cancels a Poll once an ack
-	// arrives): cut off and redone, a batch of large rows could be cut off
-	// again. Only a Stop cuts it short; a pause waits for it.
+	// Reading and decoding a batch runs on when the Poll is interrupted
+	// for a Commit (the worker cancels a Poll once an ack arrives): cut
+	// off and redone, a batch of large rows could be cut off again. A Stop
+	// cuts it short at once, an interruption after interruptGrace (a
+	// server that stopped answering must not hold a pause back).
 	wctx, wcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer wcancel()
 	defer context.AfterFunc(t.stopContext(), wcancel)()
+	defer context.AfterFunc(ctx, func() {
+		grace := time.AfterFunc(interruptGrace, wcancel)
+		context.AfterFunc(wctx, func() { grace.Stop() })
+	})()
 	raws, err := t.read(wctx, t.selectSQL[kind], args)
 	if err != nil || len(raws) == 0 {
 		return nil, err

@@ -462,3 +462,42 @@ func TestListenReconnectsWhenConnectingIsSlow(t *testing.T) {
 	defer func() { close(stop); <-polled }()
 	await(t, 15*time.Second, listening)
 }
+
+// TestInterruptedWaitClearsTheMark: a Poll interrupted while it waits for a
+// NOTIFY (a pause) clears its waiting mark, so writers stop sending
+// NOTIFYs (whose lock makes them take turns) until it polls again.
+func TestInterruptedWaitClearsTheMark(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("pausemark-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "600000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	n := objectNames(r.name)
+	notified := listenOn(t, ctx, url, n.channel)
+
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	r.tasks[0].idleStep = 10 * time.Minute
+	go func() {
+		_, err := r.tasks[0].Poll(pctx)
+		done <- err
+	}()
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, true)
+	cancel() // as the worker does to pause the task
+	if err := <-done; err == nil {
+		t.Fatal("an interrupted Poll returned no error")
+	}
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if notified(500 * time.Millisecond) {
+		t.Error("a writer sent a NOTIFY while the task was not polling")
+	}
+	// Polling again (resumed) picks the change up.
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Errorf("after resuming: %+v", got[0])
+	}
+}
