@@ -24,9 +24,9 @@ type proxy struct {
 	addr   string // 127.0.0.1:port
 	target string
 
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
 	delay  time.Duration // before a new connection is forwarded
 	frozen bool          // bytes are held, not forwarded: a server that stopped answering
 	wg     sync.WaitGroup
