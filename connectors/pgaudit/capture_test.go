@@ -514,10 +514,11 @@ func TestPollInterruptedWhileDecodingDelivers(t *testing.T) {
 		recs, err := r.tasks[0].Poll(ctx)
 		done <- result{recs, err}
 	}()
-	// Cancel once the task is decoding.
+	// Cancel once the task is decoding: its session's latest statement is
+	// a decoding one (active or between two of them).
 	await(t, 10*time.Second, func() (bool, string, error) {
 		var n int
-		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active' AND query LIKE '%to_json%'`,
+		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE '%to_json%'`,
 			ApplicationName(r.name, "task-0")).Scan(&n)
 		return n > 0, "the task decoding images", err
 	})
