@@ -254,14 +254,16 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                  JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
                  WHERE pt.relid <> c.oid AND NOT has_table_privilege(pt.relid, 'TRIGGER')
                    -- unless its row trigger exists, naming it: one that names
-                   -- an earlier name is made again, and copied again
-                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgname = $3 AND tg.tgparentid = 0
+                   -- an earlier name is made again, and copied again (one
+                   -- under the trigger's earlier name is renamed, on 15+)
+                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgparentid = 0
+                                   AND (tg.tgname = $3 OR (tg.tgname = $4 AND pg_catalog.current_setting('server_version_num')::int >= 150000))
                                    AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
                                                    || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}')
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
-ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger)
+ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.name).base+"_row")
 	if err != nil {
 		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
@@ -469,11 +471,8 @@ FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = $1`, s.
 func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host) (err error) {
 	n := objectNames(s.name)
 	v := n.vars(s.auditSchema)
-	before, err := ownedResources(ctx, h.Ledger)
-	if err != nil {
-		return err
-	}
 	var (
+		before    []connect.Resource // what the ledger listed, read under the lock
 		newly     []connect.Resource
 		committed bool
 	)
@@ -507,6 +506,11 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	}()
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
+	}
+	// Under the lock: another instance of the connector that provisioned
+	// meanwhile has recorded (or released) its entries by now.
+	if before, err = ownedResources(ctx, h.Ledger); err != nil {
+		return err
 	}
 	if err := checkServerVersion(ctx, tx); err != nil {
 		return fmt.Errorf("%s: %w", KeyURL, err)
@@ -732,7 +736,16 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		}
 		return captureTriggers[:4]
 	}
-	existing, err := existingTriggers(ctx, tx, append([]string{n.order}, captureTriggers...), n.marker)
+	// The row trigger's name before it began with '!' (decision 0048):
+	// renamed where PostgreSQL renames a partitioned table's copies on its
+	// partitions too (15 and later), made anew otherwise.
+	earlierRowTrigger := n.base + "_row"
+	var serverVersion int
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('server_version_num')::int`).Scan(&serverVersion); err != nil {
+		return fmt.Errorf("reading the server version: %w", err)
+	}
+	renameCascades := serverVersion >= 150000
+	existing, err := existingTriggers(ctx, tx, append([]string{n.order, earlierRowTrigger}, captureTriggers...), n.marker)
 	if err != nil {
 		return err
 	}
@@ -750,7 +763,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	for _, set := range []struct {
 		trigs  []string
 		tables []tableName
-	}{{captureTriggers[:4], stmtTables}, {rowTriggers, rowTables}} {
+	}{{captureTriggers[:4], stmtTables}, {append([]string{earlierRowTrigger}, rowTriggers...), rowTables}} {
 		if len(set.tables) == 0 {
 			continue
 		}
@@ -855,6 +868,17 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			continue
 		}
 		relidOf[ct.table] = ct.relid
+		if ct.trigger == earlierRowTrigger && renameCascades && slices.Contains(wantedTriggers(ct.table), n.rowTrigger) {
+			if _, taken := existing[ct.table.quoted()+" "+n.rowTrigger]; !taken {
+				fmt.Fprintf(&script, "ALTER TRIGGER %s ON %s RENAME TO %s;\n", pgx.Identifier{earlierRowTrigger}.Sanitize(), ct.table.quoted(), pgx.Identifier{n.rowTrigger}.Sanitize())
+				existing[ct.table.quoted()+" "+n.rowTrigger] = existing[ct.table.quoted()+" "+earlierRowTrigger]
+				delete(existing, ct.table.quoted()+" "+earlierRowTrigger)
+				if r := triggerRes(db, ct.table, earlierRowTrigger); slices.Contains(before, r) {
+					removed = append(removed, r)
+				}
+				ct.trigger = n.rowTrigger
+			}
+		}
 		wanted := slices.Contains(wantedTriggers(ct.table), ct.trigger)
 		stale := len(ct.args) != 2 || filedAs != ct.table
 		switch {

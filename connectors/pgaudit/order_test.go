@@ -589,3 +589,60 @@ func TestWarnsOfTheTablesOwnAfterTriggers(t *testing.T) {
 		})
 	}
 }
+
+// TestRowTriggerRenamedWithoutTriggerOnPartitions: the row trigger of a
+// partitioned table under its earlier name is renamed, not made anew, so a
+// partition the connector's role has no TRIGGER privilege on (attached
+// later, by another role) does not stop the upgrade (PostgreSQL 15 renames
+// the partitions' copies with it).
+func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	var version int
+	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		testenv.Skip(t, "PostgreSQL %d renames no partition copies of a trigger; the trigger is made anew there", version)
+	}
+	s := newSchema(t, db)
+	owner, ownerID := newRole(t, db, "pga_owner_")
+	_, otherID := newRole(t, db, "pga_other_")
+	mustExec(t, db, `GRANT CREATE ON DATABASE test TO `+ownerID)
+	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+ownerID)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `ALTER TABLE `+p+` OWNER TO `+ownerID)
+	cfg := baseConfig(testenv.Unique("renameup-"), strings.Replace(url, "postgres://postgres@", "postgres://"+owner+"@", 1), auditSchemaFor(t, db), s+".p")
+	l := connect.NewMemoryLedger()
+	if err := startConnector(t, cfg, l).stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p1")+` OWNER TO `+otherID)
+	// What the earlier version left: the trigger and its entry under the
+	// earlier name.
+	n := objectNames(cfg["name"])
+	earlier := n.base + "_row"
+	mustExec(t, db, `ALTER TRIGGER `+pgx.Identifier{n.rowTrigger}.Sanitize()+` ON `+p+` RENAME TO `+pgx.Identifier{earlier}.Sanitize())
+	if err := l.Release(ctx, triggerRes("test", tableName{s, "p"}, n.rowTrigger)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Own(ctx, triggerRes("test", tableName{s, "p"}, earlier)); err != nil {
+		t.Fatal(err)
+	}
+
+	r := startConnector(t, cfg, l)
+	defer func() { _ = r.stop(true) }()
+	want := []string{"p !<base>_row false", "p <base>_trunc false", "p1 !<base>_row true"}
+	if tr := captureTriggersIn(t, ctx, db, cfg["name"], s); !slices.Equal(tr, want) {
+		t.Errorf("triggers %v, want %v", tr, want)
+	}
+	if rs, _ := l.List(ctx); !slices.Contains(rs, triggerRes("test", tableName{s, "p"}, n.rowTrigger)) || slices.Contains(rs, triggerRes("test", tableName{s, "p"}, earlier)) {
+		t.Errorf("ledger %v", rs)
+	}
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (1)`)
+	if got := r.collect(1, true); got[0].Op != "c" {
+		t.Errorf("captured %+v", got[0])
+	}
+}

@@ -56,6 +56,11 @@ type Task struct {
 	meta     map[tableName]*tableMeta
 	// metaAt is when the batch tables' meta was last read (metaRefresh).
 	metaAt time.Time
+	// unmark clears the waiting mark when no Poll follows an interrupted
+	// one within unmarkDelay (a pause); unmarked is closed once its
+	// function has run. The next Poll and Stopped stop it or wait for it.
+	unmark   *time.Timer
+	unmarked chan struct{}
 
 	selectSQL      [3]string // by readKind
 	deleteSQL      string
@@ -320,17 +325,27 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	stop := context.AfterFunc(t.stopContext(), cancel)
 	defer stop()
 
+	t.cancelUnmark()
+	// Interrupted: by the runtime (a Commit, a pause, a stop), or by Stop
+	// itself, whichever cancellation arrived first.
+	interrupted := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return t.stopContext().Err()
+	}
 	interval := time.Duration(t.s.pollInterval) * time.Millisecond
 	deadline := time.Now().Add(interval)
 	for {
-		if err := ctx.Err(); err != nil {
-			t.unmarkInterrupted()
+		if err := interrupted(); err != nil {
+			t.scheduleUnmark()
 			return nil, err
 		}
 		recs, err := t.pollOnce(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+			if err := interrupted(); err != nil {
+				t.scheduleUnmark()
+				return nil, err
 			}
 			if !transient(err) {
 				return nil, fmt.Errorf("reading the audit table %s.%s: %w", t.s.auditSchema, t.n.table, err)
@@ -347,10 +362,14 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 					// Busy again: writers need not notify. After a failure
 					// the row and the count are unknown (setval is not
 					// transactional): the next wait marks and recounts.
+					// Not under Poll's context: interrupted (a pause) after
+					// reading, the mark would stay for the whole pause.
+					uctx, cancel := context.WithTimeout(t.stopContext(), 2*time.Second)
 					t.mark = markUnknown
-					if err := t.setWaiting(ctx, false, false); err == nil {
+					if err := t.setWaiting(uctx, false, false); err == nil {
 						t.mark = markClear
 					}
+					cancel()
 				}
 			}
 			return recs, nil
@@ -374,8 +393,9 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			// before the mark was visible would otherwise wait.
 			t.mark = markUnknown
 			if err := t.setWaiting(ctx, true, false); err != nil {
-				if ctx.Err() != nil {
-					return nil, ctx.Err()
+				if err := interrupted(); err != nil {
+					t.scheduleUnmark()
+					return nil, err
 				}
 				if !transient(err) {
 					return nil, fmt.Errorf("marking task %d as waiting in %s.%s: %w", t.host.Task, t.s.auditSchema, t.n.wakeup, err)
@@ -397,21 +417,42 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	}
 }
 
-// unmarkInterrupted clears the task's waiting mark when its Poll was
-// interrupted while waiting: the runtime may not call Poll again for long
-// (a pause), and meanwhile every capturing commit would send a NOTIFY,
-// whose lock makes concurrent writers take turns (docs/decisions/0041).
-// Best effort: a failure leaves the mark, which only costs NOTIFYs.
-func (t *Task) unmarkInterrupted() {
-	if t.mark != markWaiting || t.stopContext().Err() != nil {
+// unmarkDelay is how long after an interrupted Poll the task's waiting
+// mark stays when no Poll follows (a variable for tests).
+var unmarkDelay = 500 * time.Millisecond
+
+// scheduleUnmark clears the task's waiting mark if no Poll follows an
+// interrupted one within unmarkDelay: the runtime interrupts a waiting Poll
+// to commit and polls again at once, but a paused task is not polled for
+// long, and meanwhile every capturing commit would send a NOTIFY, whose
+// lock makes concurrent writers take turns (docs/decisions/0041). Best
+// effort: a failure leaves the mark, which only costs NOTIFYs.
+func (t *Task) scheduleUnmark() {
+	if t.mark == markClear || t.stopContext().Err() != nil || t.pool == nil {
 		return // Stopped clears it
 	}
-	ctx, cancel := context.WithTimeout(t.stopContext(), 2*time.Second)
-	defer cancel()
-	t.mark = markUnknown
-	if err := t.setWaiting(ctx, false, false); err == nil {
-		t.mark = markClear
+	done := make(chan struct{})
+	t.unmarked = done
+	t.unmark = time.AfterFunc(unmarkDelay, func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(t.stopContext(), 2*time.Second)
+		defer cancel()
+		t.mark = markUnknown
+		if err := t.setWaiting(ctx, false, false); err == nil {
+			t.mark = markClear
+		}
+	})
+}
+
+// cancelUnmark stops a scheduled unmark, or waits for it to finish.
+func (t *Task) cancelUnmark() {
+	if t.unmark == nil {
+		return
 	}
+	if !t.unmark.Stop() {
+		<-t.unmarked
+	}
+	t.unmark, t.unmarked = nil, nil
 }
 
 // markState is what a task's row in the wakeup table says, as far as the
@@ -1006,6 +1047,7 @@ func (t *Task) Stop(bool) {
 func (t *Task) Stopped(ctx context.Context) error {
 	t.closeOnce.Do(func() {
 		t.Stop(false)
+		t.cancelUnmark()
 		if t.listener != nil {
 			_ = t.listener.Close(ctx)
 			t.listener = nil

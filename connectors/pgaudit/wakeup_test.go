@@ -501,3 +501,139 @@ func TestInterruptedWaitClearsTheMark(t *testing.T) {
 		t.Errorf("after resuming: %+v", got[0])
 	}
 }
+
+// TestPauseDuringAReadClearsTheMark: a Poll woken by a NOTIFY and then
+// interrupted (a pause) while it reads still returns what it read, and
+// clears the task's waiting mark, so writers send no NOTIFYs while the
+// task is not polled.
+func TestPauseDuringAReadClearsTheMark(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("pauseread-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "300"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	n := objectNames(r.name)
+	task := r.tasks[0]
+	if recs, err := task.Poll(ctx); err != nil || len(recs) != 0 {
+		t.Fatalf("a Poll of an empty table: %d records, %v", len(recs), err)
+	}
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, true)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+
+	// The audit table locked: the next read waits.
+	lock := begin(t, db)
+	txExec(t, lock, `LOCK TABLE `+qualified(cfg[KeyAuditSchema], n.table)+` IN ACCESS EXCLUSIVE MODE`)
+	pctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		recs []connect.SourceRecord
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		recs, err := task.Poll(pctx)
+		done <- result{recs, err}
+	}()
+	await(t, 10*time.Second, func() (bool, string, error) {
+		var n int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`,
+			ApplicationName(r.name, "task-0")).Scan(&n)
+		return n > 0, "the task's read waiting for the lock", err
+	})
+	cancel() // a pause
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || len(res.recs) != 1 {
+		t.Fatalf("the interrupted Poll: %d records, %v", len(res.recs), res.err)
+	}
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
+	notified := listenOn(t, ctx, url, n.channel)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	if notified(500 * time.Millisecond) {
+		t.Error("a writer sent a NOTIFY while the task was not polled")
+	}
+}
+
+// TestCommitInterruptsDoNotChurnTheMark: the runtime interrupts a waiting
+// Poll to commit and polls again at once; the waiting mark is cleared
+// only when no Poll follows (a pause), not at every interruption (each
+// clear and re-mark is a transaction taking the wake-up table's lock).
+func TestCommitInterruptsDoNotChurnTheMark(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("churn-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "5000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	n := objectNames(r.name)
+	// Count the writes to the wake-up table.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "writes")+` (n int)`)
+	mustExec(t, db, `CREATE FUNCTION `+qualified(s, "count")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO `+qualified(s, "writes")+` VALUES (1); RETURN NULL; END$$`)
+	mustExec(t, db, `CREATE TRIGGER count AFTER INSERT OR UPDATE OR DELETE ON `+qualified(cfg[KeyAuditSchema], n.wakeup)+` FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "count")+`()`)
+	const interruptions = 20
+	for range interruptions {
+		pctx, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
+		_, _ = r.tasks[0].Poll(pctx)
+		cancel()
+		if err := r.tasks[0].Commit(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var writes int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM `+qualified(s, "writes")).Scan(&writes); err != nil {
+		t.Fatal(err)
+	}
+	if writes > 2 {
+		t.Errorf("%d interrupted Polls wrote the wake-up table %d times", interruptions, writes)
+	}
+}
+
+// TestStopDuringPollIsNoFailure: Stop may come at any moment, also before
+// the runtime cancels Poll's context; Poll then returns its cancellation,
+// never a failure to read or mark.
+func TestStopDuringPollIsNoFailure(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
+	cfg := baseConfig(testenv.Unique("stoppoll-"), url, auditSchemaFor(t, db), s+".w")
+	cfg[KeyPollIntervalMS] = "1"
+	l := connect.NewMemoryLedger()
+	r := startConnector(t, cfg, l)
+	defer func() { _ = r.stop(true) }()
+	tcs, err := r.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 60 {
+		task := &Task{}
+		tctx := connect.WithHost(testCtx(t), testHost(r.name, 0, l))
+		if err := task.Start(tctx, tcs[0]); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := task.Poll(context.Background()); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Duration(i%6) * 500 * time.Microsecond)
+		task.Stop(false)
+		// Exactly the cancellation: a failure to read wraps it too.
+		if err := <-done; err != context.Canceled {
+			t.Errorf("stop %d: Poll returned %v, want its cancellation", i, err)
+		}
+		if err := task.Stopped(tctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
