@@ -1170,3 +1170,47 @@ func TestFailedProvisioningReleasesUnderTheLock(t *testing.T) {
 		t.Errorf("ledger lists %v after a failed Start", rs)
 	}
 }
+
+// TestStoppedRecordsDeliveredChanges: acknowledged changes whose DELETE
+// failed in Commit (the connection was lost) are deleted by Stopped, so the
+// next instance does not send them again.
+func TestStoppedRecordsDeliveredChanges(t *testing.T) {
+	db, tbl, r := oneTable(t, "flushstop-", `(id int PRIMARY KEY)`)
+	ctx := testCtx(t)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	var recs []connect.SourceRecord
+	await(t, 10*time.Second, func() (bool, string, error) {
+		pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		got, err := r.tasks[0].Poll(pctx)
+		if pctx.Err() != nil {
+			err = nil
+		}
+		recs = got
+		return len(got) > 0, "the change polled", err
+	})
+	// The task's pooled connections are lost before its Commit.
+	mustExec(t, db, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, ApplicationName(r.name, "task-0"))
+	if err := r.tasks[0].Commit(ctx, recs); err != nil {
+		t.Fatalf("Commit with the connection lost: %v", err)
+	}
+	audit := auditTable(r)
+	count := func() int {
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM `+audit).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d audit rows after the failed DELETE, want the row still there", n)
+	}
+	task := r.tasks[0]
+	task.Stop(false)
+	if err := task.Stopped(connect.WithHost(ctx, testHost(r.name, 0, r.ledger))); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d audit rows after Stopped: the acknowledged change would be sent again", n)
+	}
+}

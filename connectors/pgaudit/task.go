@@ -1053,6 +1053,16 @@ func (t *Task) Stopped(ctx context.Context) error {
 			t.listener = nil
 		}
 		if t.pool != nil {
+			if len(t.pendingDelete) > 0 || len(t.pendingProgress) > 0 {
+				// Acknowledged changes whose DELETE failed (a connection
+				// lost in Commit): one more try, or the next instance
+				// sends them again. Best effort, bounded.
+				fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				if err := t.flushPending(fctx); err != nil {
+					t.host.Logger.Warn("recording delivered changes failed at stop; they will be delivered again", "error", err)
+				}
+				cancel()
+			}
 			if t.mark != markClear {
 				// No NOTIFYs for a task that is gone; best effort (a row
 				// left behind only costs writers needless NOTIFYs).
