@@ -763,7 +763,7 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 	for _, set := range []struct {
 		trigs  []string
 		tables []tableName
-	}{{captureTriggers[:4], stmtTables}, {append([]string{earlierRowTrigger}, rowTriggers...), rowTables}} {
+	}{{captureTriggers[:4], stmtTables}, {rowTriggers, rowTables}} {
 		if len(set.tables) == 0 {
 			continue
 		}
@@ -870,6 +870,14 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 		relidOf[ct.table] = ct.relid
 		if ct.trigger == earlierRowTrigger && renameCascades && slices.Contains(wantedTriggers(ct.table), n.rowTrigger) {
 			if _, taken := existing[ct.table.quoted()+" "+n.rowTrigger]; !taken {
+				// Renamed, it keeps its enable state: a disabled one is
+				// refused like a disabled current one (made anew, it would
+				// not be disabled any more).
+				if d, err := disabledTriggers(ctx, tx, []string{earlierRowTrigger}, []tableName{ct.table}); err != nil {
+					return err
+				} else if len(d) > 0 {
+					return fmt.Errorf("%s: capture triggers are disabled, so changes are not captured (nothing was changed): %s; enable them, or remove the tables", KeyTables, strings.Join(d, "; "))
+				}
 				fmt.Fprintf(&script, "ALTER TRIGGER %s ON %s RENAME TO %s;\n", pgx.Identifier{earlierRowTrigger}.Sanitize(), ct.table.quoted(), pgx.Identifier{n.rowTrigger}.Sanitize())
 				existing[ct.table.quoted()+" "+n.rowTrigger] = existing[ct.table.quoted()+" "+earlierRowTrigger]
 				delete(existing, ct.table.quoted()+" "+earlierRowTrigger)

@@ -646,3 +646,58 @@ func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
 		t.Errorf("captured %+v", got[0])
 	}
 }
+
+// TestDisabledTriggerOfTheEarlierName: a disabled row trigger under the
+// earlier name is refused when Start would rename it (it would stay
+// disabled), and simply replaced when the current one exists too.
+func TestDisabledTriggerOfTheEarlierName(t *testing.T) {
+	for _, both := range []bool{false, true} {
+		t.Run(fmt.Sprintf("current one too: %v", both), func(t *testing.T) {
+			db, url := admin(t)
+			ctx := testCtx(t)
+			var version int
+			if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+				t.Fatal(err)
+			}
+			if version < 150000 && !both {
+				testenv.Skip(t, "PostgreSQL %d: the earlier-named trigger is made anew, not renamed", version)
+			}
+			s := newSchema(t, db)
+			plain := qualified(s, "plain")
+			mustExec(t, db, `CREATE TABLE `+plain+` (id int PRIMARY KEY)`)
+			cfg := baseConfig(testenv.Unique("disearlier-"), url, auditSchemaFor(t, db), s+".plain")
+			cfg[KeyCaptureLevel] = levelRow
+			l := connect.NewMemoryLedger()
+			if err := startConnector(t, cfg, l).stop(false); err != nil {
+				t.Fatal(err)
+			}
+			n := objectNames(cfg["name"])
+			earlier := pgx.Identifier{n.base + "_row"}.Sanitize()
+			if both {
+				mustExec(t, db, `CREATE TRIGGER `+earlier+` AFTER INSERT OR UPDATE OR DELETE ON `+plain+` FOR EACH ROW EXECUTE FUNCTION `+
+					qualified(cfg[KeyAuditSchema], n.rowFunction)+`(`+quoteLiteral(s)+`, 'plain')`)
+			} else {
+				mustExec(t, db, `ALTER TRIGGER `+pgx.Identifier{n.rowTrigger}.Sanitize()+` ON `+plain+` RENAME TO `+earlier)
+			}
+			mustExec(t, db, `ALTER TABLE `+plain+` DISABLE TRIGGER `+earlier)
+			r, err := tryStart(t, cfg, l)
+			if !both {
+				if err == nil || !strings.Contains(err.Error(), "disabled") || !strings.Contains(err.Error(), n.base+"_row") {
+					t.Errorf("Start with the earlier-named trigger disabled: %v", err)
+				}
+				if err == nil {
+					_ = r.stop(true)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Start with both names, the earlier disabled: %v", err)
+			}
+			defer func() { _ = r.stop(true) }()
+			want := []string{"plain !<base>_row false", "plain <base>_trunc false"}
+			if tr := captureTriggersIn(t, ctx, db, cfg["name"], s); !slices.Equal(tr, want) {
+				t.Errorf("triggers %v, want %v", tr, want)
+			}
+		})
+	}
+}

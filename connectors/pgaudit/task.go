@@ -368,6 +368,8 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 					t.mark = markUnknown
 					if err := t.setWaiting(uctx, false, false); err == nil {
 						t.mark = markClear
+					} else if interrupted() != nil {
+						t.scheduleUnmark() // try again if no Poll follows
 					}
 					cancel()
 				}
@@ -384,6 +386,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			// database-wide commit lock and the mark's two updates.
 			t.emptyReads++
 			if err := sleepCtx(ctx, spinWait); err != nil {
+				t.scheduleUnmark()
 				return nil, err
 			}
 			continue
