@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -308,14 +309,19 @@ func override[T any](t testing.TB, p *T, v T) {
 }
 
 // oneTable creates table t with the given columns in a fresh schema and
-// starts a connector capturing it, deleted at the end of the test.
-func oneTable(t testing.TB, prefix, columns string) (db *pgxpool.Pool, table string, r *running) {
+// starts a connector capturing it, deleted at the end of the test; set
+// adds or replaces configuration keys.
+func oneTable(t testing.TB, prefix, columns string, set ...connect.Config) (db *pgxpool.Pool, table string, r *running) {
 	t.Helper()
 	db, url := admin(t)
 	s := newSchema(t, db)
 	table = qualified(s, "t")
 	mustExec(t, db, `CREATE TABLE `+table+` `+columns)
-	r = startConnector(t, baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+	cfg := baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), s+".t")
+	for _, c := range set {
+		maps.Copy(cfg, c)
+	}
+	r = startConnector(t, cfg, connect.NewMemoryLedger())
 	t.Cleanup(func() { _ = r.stop(true) })
 	return db, table, r
 }

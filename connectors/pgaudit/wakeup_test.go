@@ -467,17 +467,10 @@ func TestListenReconnectsWhenConnectingIsSlow(t *testing.T) {
 // NOTIFY (a pause) clears its waiting mark, so writers stop sending
 // NOTIFYs (whose lock makes them take turns) until it polls again.
 func TestInterruptedWaitClearsTheMark(t *testing.T) {
-	db, url := admin(t)
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	tbl := qualified(s, "w")
-	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("pausemark-"), url, auditSchemaFor(t, db), s+".w")
-	cfg[KeyPollIntervalMS] = "600000"
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-	n := objectNames(r.name)
-	notified := listenOn(t, ctx, url, n.channel)
+	db, tbl, r := oneTable(t, "pausemark-", `(id int PRIMARY KEY)`, connect.Config{KeyPollIntervalMS: "600000"})
+	cfg, n := r.cfg, objectNames(r.name)
+	notified := listenOn(t, ctx, cfg[KeyURL], n.channel)
 
 	pctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -507,17 +500,9 @@ func TestInterruptedWaitClearsTheMark(t *testing.T) {
 // clears the task's waiting mark, so writers send no NOTIFYs while the
 // task is not polled.
 func TestPauseDuringAReadClearsTheMark(t *testing.T) {
-	db, url := admin(t)
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	tbl := qualified(s, "w")
-	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("pauseread-"), url, auditSchemaFor(t, db), s+".w")
-	cfg[KeyPollIntervalMS] = "300"
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-	n := objectNames(r.name)
-	task := r.tasks[0]
+	db, tbl, r := oneTable(t, "pauseread-", `(id int PRIMARY KEY)`, connect.Config{KeyPollIntervalMS: "300"})
+	cfg, n, task := r.cfg, objectNames(r.name), r.tasks[0]
 	if recs, err := task.Poll(ctx); err != nil || len(recs) != 0 {
 		t.Fatalf("a Poll of an empty table: %d records, %v", len(recs), err)
 	}
@@ -552,7 +537,7 @@ func TestPauseDuringAReadClearsTheMark(t *testing.T) {
 		t.Fatalf("the interrupted Poll: %d records, %v", len(res.recs), res.err)
 	}
 	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
-	notified := listenOn(t, ctx, url, n.channel)
+	notified := listenOn(t, ctx, cfg[KeyURL], n.channel)
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
 	if notified(500 * time.Millisecond) {
 		t.Error("a writer sent a NOTIFY while the task was not polled")
@@ -564,19 +549,13 @@ func TestPauseDuringAReadClearsTheMark(t *testing.T) {
 // only when no Poll follows (a pause), not at every interruption (each
 // clear and re-mark is a transaction taking the wake-up table's lock).
 func TestCommitInterruptsDoNotChurnTheMark(t *testing.T) {
-	db, url := admin(t)
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("churn-"), url, auditSchemaFor(t, db), s+".w")
-	cfg[KeyPollIntervalMS] = "5000"
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-	n := objectNames(r.name)
+	db, _, r := oneTable(t, "churn-", `(id int PRIMARY KEY)`, connect.Config{KeyPollIntervalMS: "5000"})
+	s, n := newSchema(t, db), objectNames(r.name)
 	// Count the writes to the wake-up table.
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "writes")+` (n int)`)
 	mustExec(t, db, `CREATE FUNCTION `+qualified(s, "count")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO `+qualified(s, "writes")+` VALUES (1); RETURN NULL; END$$`)
-	mustExec(t, db, `CREATE TRIGGER count AFTER INSERT OR UPDATE OR DELETE ON `+qualified(cfg[KeyAuditSchema], n.wakeup)+` FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "count")+`()`)
+	mustExec(t, db, `CREATE TRIGGER count AFTER INSERT OR UPDATE OR DELETE ON `+qualified(r.cfg[KeyAuditSchema], n.wakeup)+` FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "count")+`()`)
 	const interruptions = 20
 	for range interruptions {
 		pctx, cancel := context.WithTimeout(ctx, 60*time.Millisecond)
@@ -599,14 +578,8 @@ func TestCommitInterruptsDoNotChurnTheMark(t *testing.T) {
 // the runtime cancels Poll's context; Poll then returns its cancellation,
 // never a failure to read or mark.
 func TestStopDuringPollIsNoFailure(t *testing.T) {
-	db, url := admin(t)
-	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "w")+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("stoppoll-"), url, auditSchemaFor(t, db), s+".w")
-	cfg[KeyPollIntervalMS] = "1"
-	l := connect.NewMemoryLedger()
-	r := startConnector(t, cfg, l)
-	defer func() { _ = r.stop(true) }()
+	_, _, r := oneTable(t, "stoppoll-", `(id int PRIMARY KEY)`, connect.Config{KeyPollIntervalMS: "1"})
+	l := r.ledger
 	tcs, err := r.conn.TaskConfigs(1)
 	if err != nil {
 		t.Fatal(err)
