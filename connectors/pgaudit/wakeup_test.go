@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -331,10 +332,7 @@ func TestNoWakeupsBeforeATaskWaits(t *testing.T) {
 	r := startConnector(t, cfg, connect.NewMemoryLedger())
 	defer func() { _ = r.stop(true) }()
 	notified := listenOn(t, ctx, url, objectNames(r.name).channel)
-	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
-	if notified(300 * time.Millisecond) {
-		t.Error("a NOTIFY was sent although no task had asked for one")
-	}
+	writeUnnotified(t, db, notified, `INSERT INTO `+tbl+` VALUES (1)`)
 	if got := r.collect(1, true); got[0].Op != "c" {
 		t.Fatalf("captured %+v, want the insert", got[0])
 	}
@@ -485,10 +483,7 @@ func TestInterruptedWaitClearsTheMark(t *testing.T) {
 		t.Fatal("an interrupted Poll returned no error")
 	}
 	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
-	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
-	if notified(500 * time.Millisecond) {
-		t.Error("a writer sent a NOTIFY while the task was not polling")
-	}
+	writeUnnotified(t, db, notified, `INSERT INTO `+tbl+` VALUES (1)`)
 	// Polling again (resumed) picks the change up.
 	if got := r.collect(1, true); got[0].Op != "c" {
 		t.Errorf("after resuming: %+v", got[0])
@@ -537,11 +532,7 @@ func TestPauseDuringAReadClearsTheMark(t *testing.T) {
 		t.Fatalf("the interrupted Poll: %d records, %v", len(res.recs), res.err)
 	}
 	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
-	notified := listenOn(t, ctx, cfg[KeyURL], n.channel)
-	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
-	if notified(500 * time.Millisecond) {
-		t.Error("a writer sent a NOTIFY while the task was not polled")
-	}
+	writeUnnotified(t, db, listenOn(t, ctx, cfg[KeyURL], n.channel), `INSERT INTO `+tbl+` VALUES (2)`)
 }
 
 // TestCommitInterruptsDoNotChurnTheMark: the runtime interrupts a waiting
@@ -608,5 +599,15 @@ func TestStopDuringPollIsNoFailure(t *testing.T) {
 		if err := task.Stopped(tctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// writeUnnotified runs a captured write and checks that it sent no NOTIFY
+// (no task waits for one).
+func writeUnnotified(t *testing.T, db *pgxpool.Pool, notified func(time.Duration) bool, sql string) {
+	t.Helper()
+	mustExec(t, db, sql)
+	if notified(500 * time.Millisecond) {
+		t.Errorf("%s sent a NOTIFY although no task waited for one", sql)
 	}
 }
