@@ -97,10 +97,10 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
 			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, functions, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
 		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
-			DisplayName: "Capture order", Doc: "statement: the changes of one row leave in commit order, changes of different rows in the order their statements ran. commit: all changes leave in the order their transactions committed; every capturing commit of the database takes one lock in turn, which caps the commit rate of concurrent writers and does not mix with prepared transactions (see docs/pgaudit.md).",
+			DisplayName: "Capture order", Doc: "statement: the changes of one row leave in commit order (with exceptions, see docs/pgaudit.md, Order), changes of different rows in the order their statements ran. commit: all changes leave in the order their transactions committed; every capturing commit of the database takes one lock in turn, which caps the commit rate of concurrent writers and does not mix with prepared transactions (see docs/pgaudit.md).",
 			Validate: oneOf(orderCommit, orderStatement)},
 		{Name: KeyCaptureLevel, Type: connect.TypeString, Default: levelStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 10,
-			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
+			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements; needed for per-row order when a table's own AFTER triggers write it again. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
 			Validate: oneOf(levelStatement, levelRow)},
 	}
 }
