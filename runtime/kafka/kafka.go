@@ -115,7 +115,11 @@ func (c *TopicCreator) EnsureWith(ctx context.Context, partitions int32, replica
 }
 
 // EnsureTopics creates topics with partitions and replicationFactor (-1 =
-// broker default); a topic that already exists counts as created.
+// broker default); a topic that already exists counts as created. So does
+// one the client may not create (TOPIC_ or CLUSTER_AUTHORIZATION_FAILED),
+// as Kafka Connect's TopicAdmin assumes: Kafka checks the CREATE permission
+// before existence, so a topic an administrator made answers that way too,
+// and a topic that really is missing fails the first produce to it.
 func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, topics ...string) error {
 	if len(topics) == 0 {
 		return nil
@@ -127,7 +131,8 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, repli
 	var errs []string
 	for _, t := range topics {
 		r, ok := resps[t]
-		if !ok || r.Err == nil || errors.Is(r.Err, kerr.TopicAlreadyExists) {
+		if !ok || r.Err == nil || errors.Is(r.Err, kerr.TopicAlreadyExists) ||
+			errors.Is(r.Err, kerr.TopicAuthorizationFailed) || errors.Is(r.Err, kerr.ClusterAuthorizationFailed) {
 			continue
 		}
 		msg := r.Err.Error()

@@ -9,7 +9,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 )
@@ -175,5 +178,37 @@ func TestTopicCreatorIdempotentAndClusterID(t *testing.T) {
 func TestNewClientNeedsSeeds(t *testing.T) {
 	if _, err := NewClient(nil, nil); err == nil {
 		t.Error("NewClient without seeds succeeded")
+	}
+}
+
+// TestEnsureTopicsWithoutCreatePermission: a client without the CREATE
+// permission gets TOPIC_AUTHORIZATION_FAILED for every topic, existing or
+// not; like Kafka Connect, the topics are then assumed to exist (the first
+// produce fails if one does not).
+func TestEnsureTopicsWithoutCreatePermission(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		req := r.(*kmsg.CreateTopicsRequest)
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		for i, rt := range req.Topics {
+			st := kmsg.NewCreateTopicsResponseTopic()
+			st.Topic = rt.Topic
+			st.ErrorCode = []int16{kerr.TopicAuthorizationFailed.Code, kerr.ClusterAuthorizationFailed.Code}[i%2]
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cl, err := NewClient(c.ListenAddrs(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	if err := NewTopicCreator(cl, 1, 1).Ensure(testCtx(t), "made-by-an-admin", "another"); err != nil {
+		t.Errorf("Ensure without the CREATE permission: %v", err)
 	}
 }
