@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -35,6 +37,11 @@ type sourceLoop struct {
 
 	mu    sync.Mutex
 	acked chan struct{} // capacity 1: "some callback ran"
+	// callbacks counts produce callbacks still to run: franz-go runs them
+	// on a goroutine of its own, which Close does not wait for. drained,
+	// when set (under mu), is closed by the callback that ends the count.
+	callbacks atomic.Int64
+	drained   chan struct{}
 
 	queue  []*pending            // Poll order, not yet committed
 	byPart map[string][]*pending // per source partition, not yet folded into offsets
@@ -93,12 +100,14 @@ func (p *sourceTopicPartitioner) OnNewBatch() {
 }
 
 // producerOpts are the source producer's options: idempotent with acks=all
-// (franz-go's defaults), our partitioner, and room for our own in-flight
-// bound so Produce never blocks the loop.
+// (franz-go's defaults), our partitioner, and no buffer limit of
+// franz-go's: the loop bounds what is in flight before it polls, and a
+// full buffer would block Produce where a stop is not seen (one Poll batch
+// can be larger than any fixed room).
 func (w *Worker) producerOpts() []kgo.Opt {
 	return append([]kgo.Opt{
 		kgo.RecordPartitioner(sourcePartitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.MaxBufferedRecords(w.maxInFlight * 4),
+		kgo.MaxBufferedRecords(math.MaxInt32),
 		kgo.ProducerLinger(5 * time.Millisecond),
 	}, w.kopts...)
 }
@@ -212,6 +221,9 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 			continue
 		}
 		if err := s.produce(recs); err != nil {
+			if errors.Is(err, errStopping) {
+				continue
+			}
 			return final, err
 		}
 	}
@@ -245,10 +257,15 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 			return fmt.Errorf("Poll returned a record without a topic (source partition %v): the connector must set SourceRecord.Topic", r.SourcePartition)
 		}
 		if !s.known[r.Topic] {
-			ctx, cancel := context.WithTimeout(t.base, 30*time.Second)
+			// A stop cuts it short (the records not produced are sent
+			// again after a restart).
+			ctx, cancel := context.WithTimeout(t.hctx, 30*time.Second)
 			err := s.creator.EnsureWith(ctx, t.set.createPartitions, t.set.createReplication, r.Topic)
 			cancel()
 			if err != nil {
+				if t.hctx.Err() != nil {
+					return errStopping
+				}
 				return err
 			}
 			s.known[r.Topic] = true
@@ -271,8 +288,13 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 			}
 		}
 		// Not the loop context: a pause must not fail buffered records.
+		s.callbacks.Add(1)
 		s.producer.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
 			s.mu.Lock()
+			if s.callbacks.Add(-1) == 0 && s.drained != nil {
+				close(s.drained)
+				s.drained = nil
+			}
 			p.done, p.err = true, err
 			if s.pollCancel != nil {
 				s.ackSincePoll = true
@@ -431,9 +453,46 @@ func (s *sourceLoop) finish() {
 		t.log.Warn("in-flight records were not acknowledged within the graceful timeout; they will be delivered again after a restart", "in_flight", inFlight, "error", err)
 	}
 	// Commit what is acknowledged before Close fails the rest, then once
-	// more for acks that raced the close.
-	_ = s.commitAcked(true)
-	s.producer.Close() // fails what is still buffered: never committed
-	_ = s.commitAcked(true)
+	// more for acks that raced the close, once their callbacks have run:
+	// Close fails what is still buffered (never committed) but does not
+	// wait for the callbacks, and a record Kafka holds must reach Commit.
+	s.logFinalErr(s.commitAcked(true))
+	s.producer.Close()
+	s.awaitCallbacks(callbacksAfterClose)
+	s.logFinalErr(s.commitAcked(true))
 	s.writeOffsets()
+}
+
+// callbacksAfterClose bounds the wait for produce callbacks after Close,
+// which fails the records still buffered at once.
+const callbacksAfterClose = 5 * time.Second
+
+// errStopping ends produce when a stop cut it short.
+var errStopping = errors.New("stopping")
+
+// logFinalErr reports a record Kafka refused while the task stopped: not
+// committed, so sent again after a restart, where it will fail again.
+func (s *sourceLoop) logFinalErr(err error) {
+	if err != nil && !errors.Is(err, kgo.ErrClientClosed) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		s.t.log.Error("a record was refused by Kafka while the task stopped; it is not committed and will be sent again after a restart", "error", err)
+	}
+}
+
+// awaitCallbacks waits, at most d, until every produce callback has run.
+func (s *sourceLoop) awaitCallbacks(d time.Duration) {
+	s.mu.Lock()
+	if s.callbacks.Load() == 0 {
+		s.mu.Unlock()
+		return
+	}
+	drained := make(chan struct{})
+	s.drained = drained
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-drained:
+	case <-t.C:
+		s.t.log.Warn("produce callbacks still outstanding after the producer closed; their records are sent again after a restart", "outstanding", s.callbacks.Load())
+	}
 }

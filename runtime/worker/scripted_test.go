@@ -1,0 +1,294 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+)
+
+// scriptedConn and scriptedTask: a source connector whose Poll a test
+// scripts, recording every call, run by a Worker on a kfake cluster the
+// test can control.
+type scriptedConn struct{}
+
+func (scriptedConn) Spec() connect.Spec                          { return connect.Spec{Type: connect.TypeSource} }
+func (scriptedConn) Start(context.Context, connect.Config) error { return nil }
+func (scriptedConn) TaskConfigs(int) ([]connect.Config, error)   { return []connect.Config{{}}, nil }
+func (scriptedConn) Stop(bool)                                   {}
+func (scriptedConn) Stopped(context.Context) error               { return nil }
+
+type scriptedTask struct {
+	mu        sync.Mutex
+	poll      func(ctx context.Context, n int) ([]connect.SourceRecord, error)
+	polls     int
+	committed []connect.SourceRecord
+	calls     []string
+	stopped   chan struct{}
+	stopOnce  sync.Once
+}
+
+func (p *scriptedTask) log(s string)                                { p.mu.Lock(); p.calls = append(p.calls, s); p.mu.Unlock() }
+func (p *scriptedTask) Start(context.Context, connect.Config) error { p.log("Start"); return nil }
+func (p *scriptedTask) Stop(d bool)                                 { p.log(fmt.Sprintf("Stop(%v)", d)) }
+func (p *scriptedTask) Stopped(context.Context) error {
+	p.log("Stopped")
+	p.stopOnce.Do(func() { close(p.stopped) })
+	return nil
+}
+func (p *scriptedTask) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
+	p.mu.Lock()
+	n := p.polls
+	p.polls++
+	p.mu.Unlock()
+	return p.poll(ctx, n)
+}
+func (p *scriptedTask) Commit(_ context.Context, acked []connect.SourceRecord) error {
+	p.mu.Lock()
+	p.committed = append(p.committed, acked...)
+	p.calls = append(p.calls, fmt.Sprintf("Commit(%d)", len(acked)))
+	p.mu.Unlock()
+	return nil
+}
+func (p *scriptedTask) Committed() []connect.SourceRecord {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]connect.SourceRecord(nil), p.committed...)
+}
+
+type scriptedEnv struct {
+	t     *testing.T
+	c     *kfake.Cluster
+	seeds []string
+	w     *Worker
+	task  *scriptedTask
+	store *MemoryOffsetStore
+	mu    sync.Mutex
+	sts   []Status
+}
+
+// newScripted starts a kfake cluster and a Worker hosting one scripted
+// source task.
+func newScripted(t *testing.T, poll func(ctx context.Context, n int) ([]connect.SourceRecord, error), kopts []kfake.Opt, wopts ...Opt) *scriptedEnv {
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, kopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	pe := &scriptedEnv{t: t, c: c, seeds: c.ListenAddrs(), store: NewMemoryOffsetStore()}
+	pe.task = &scriptedTask{poll: poll, stopped: make(chan struct{})}
+	reg, err := plugins.New(connect.Plugin{Class: "scripted", NewConnector: func() connect.Connector { return scriptedConn{} }, NewTask: func() connect.Task { return pe.task }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pe.w, err = New(append([]Opt{WithPlugins(reg), WithOffsetStore(pe.store), WithKafka(pe.seeds), WithLogger(testLogger()),
+		WithStatusListener(func(_ string, _ int, s Status) { pe.mu.Lock(); pe.sts = append(pe.sts, s); pe.mu.Unlock() })}, wopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pe.w.Close(ctx)
+	})
+	return pe
+}
+
+func (pe *scriptedEnv) start(extra ...string) TaskID {
+	cfg := connect.Config{KeyName: "p", KeyConnectorClass: "scripted", KeyOffsetFlushInterval: "100"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		cfg[extra[i]] = extra[i+1]
+	}
+	id := TaskID{Connector: "p", Task: 0}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pe.w.StartTask(ctx, TaskRun{ID: id, ConnectorConfig: cfg, TaskConfig: connect.Config{}, Target: TargetRunning}); err != nil {
+		pe.t.Fatal(err)
+	}
+	return id
+}
+
+func (pe *scriptedEnv) lastStatus() Status {
+	pe.mu.Lock()
+	defer pe.mu.Unlock()
+	if len(pe.sts) == 0 {
+		return Status{}
+	}
+	return pe.sts[len(pe.sts)-1]
+}
+
+func (pe *scriptedEnv) adm() *kadm.Client {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(pe.seeds...))
+	if err != nil {
+		pe.t.Fatal(err)
+	}
+	pe.t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// topicKeys reads every key in topic.
+func (pe *scriptedEnv) topicKeys(topic string) []string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(pe.seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		pe.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		pe.t.Fatal(err)
+	}
+	total := 0
+	ends.Each(func(o kadm.ListedOffset) { total += int(o.Offset) })
+	var out []string
+	for len(out) < total {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Key)) })
+	}
+	return out
+}
+
+// rec is record i of a scripted source (source partition "0").
+func rec(topic string, i int, size int) connect.SourceRecord {
+	return connect.SourceRecord{Topic: topic, Partition: 0, Key: []byte(fmt.Sprint(i)), Value: randBytes(size),
+		SourcePartition: map[string]any{"p": "0"}, SourceOffset: map[string]any{"i": i}}
+}
+
+func randBytes(n int) []byte { b := make([]byte, n); _, _ = rand.Read(b); return b }
+
+// polled waits until the task has polled n times.
+func (pe *scriptedEnv) polled(n int) {
+	pe.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pe.task.mu.Lock()
+		done := pe.task.polls >= n
+		pe.task.mu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			pe.t.Fatalf("the task did not poll %d times", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stopWithin stops the task and checks that its Stopped ran within d.
+func (pe *scriptedEnv) stopWithin(id TaskID, d time.Duration) {
+	pe.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_ = pe.w.StopTasks(ctx, []TaskID{id}, false)[id]
+	select {
+	case <-pe.task.stopped:
+	case <-time.After(d - time.Since(start)):
+		pe.t.Fatalf("Stopped had not run %v after the stop", d)
+	}
+}
+
+// TestSourceTopicWithoutCreatePermission: on a cluster where the worker may
+// not create topics, a topic an administrator made is used (Kafka answers
+// CreateTopics with TOPIC_AUTHORIZATION_FAILED before it checks existence).
+func TestSourceTopicWithoutCreatePermission(t *testing.T) {
+	const topic = "made-by-an-admin"
+	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+		if n < 5 {
+			return []connect.SourceRecord{rec(topic, n, 10)}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, nil)
+	if _, err := pe.adm().CreateTopic(context.Background(), 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	pe.c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		pe.c.KeepControl()
+		req := r.(*kmsg.CreateTopicsRequest)
+		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewCreateTopicsResponseTopic()
+			st.Topic = rt.Topic
+			st.ErrorCode = kerr.TopicAuthorizationFailed.Code
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	pe.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(pe.task.Committed()) < 5 {
+		if st := pe.lastStatus(); st.State == StateFailed {
+			t.Fatalf("the task failed: %s", st.Trace)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 5 records committed", len(pe.task.Committed()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestStopCutsTopicCreationShort: a stop does not wait for a CreateTopics
+// that hangs (a stop was reported abandoned, and Stopped ran only when the
+// request timed out).
+func TestStopCutsTopicCreationShort(t *testing.T) {
+	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+		if n == 0 {
+			return []connect.SourceRecord{rec("new-topic", 0, 10)}, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, nil)
+	pe.c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		pe.c.KeepControl()
+		pe.c.SleepControl(func() { time.Sleep(8 * time.Second) })
+		return nil, nil, false
+	})
+	id := pe.start(KeyGracefulTimeout, "1000")
+	pe.polled(1)
+	pe.stopWithin(id, 3*time.Second)
+}
+
+// TestStopWithABatchBeyondTheProducerBuffer: a Poll batch larger than any
+// fixed producer buffer, while Kafka is slow, does not block the loop where
+// a stop is not seen.
+func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
+	const topic = "slow"
+	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+		if n == 0 {
+			out := make([]connect.SourceRecord, 20)
+			for i := range out {
+				out[i] = rec(topic, i, 10)
+			}
+			return out, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, nil, WithMaxInFlightRecords(2))
+	if _, err := pe.adm().CreateTopic(context.Background(), 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	pe.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		pe.c.KeepControl()
+		pe.c.SleepControl(func() { time.Sleep(6 * time.Second) })
+		return nil, nil, false
+	})
+	id := pe.start(KeyGracefulTimeout, "1000")
+	pe.polled(1)
+	pe.stopWithin(id, 4*time.Second)
+}
