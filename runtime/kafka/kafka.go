@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 
@@ -72,6 +73,9 @@ type TopicCreator struct {
 	adm               *kadm.Client
 	partitions        int32
 	replicationFactor int16
+	// Logger, if set, is told of topics assumed to exist because the
+	// client may not create them.
+	Logger *slog.Logger
 
 	mu    sync.Mutex
 	known map[string]bool
@@ -103,12 +107,20 @@ func (c *TopicCreator) EnsureWith(ctx context.Context, partitions int32, replica
 	if len(missing) == 0 {
 		return nil
 	}
-	if err := EnsureTopics(ctx, c.adm, partitions, replicationFactor, missing...); err != nil {
+	assumed, err := createTopics(ctx, c.adm, partitions, replicationFactor, missing...)
+	if err != nil {
 		return err
 	}
+	if len(assumed) > 0 && c.Logger != nil {
+		c.Logger.Warn("not allowed to create topics (no CREATE permission); assuming they exist: a produce to a missing one fails", "topics", assumed)
+	}
+	// Assumed ones are asked for again next time: a permission granted
+	// since then creates them.
 	c.mu.Lock()
 	for _, t := range missing {
-		c.known[t] = true
+		if !slices.Contains(assumed, t) {
+			c.known[t] = true
+		}
 	}
 	c.mu.Unlock()
 	return nil
@@ -121,18 +133,28 @@ func (c *TopicCreator) EnsureWith(ctx context.Context, partitions int32, replica
 // before existence, so a topic an administrator made answers that way too,
 // and a topic that really is missing fails the first produce to it.
 func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, topics ...string) error {
+	_, err := createTopics(ctx, adm, partitions, replicationFactor, topics...)
+	return err
+}
+
+// createTopics is EnsureTopics, also returning the topics assumed to exist
+// because the client may not create them.
+func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, topics ...string) (assumed []string, err error) {
 	if len(topics) == 0 {
-		return nil
+		return nil, nil
 	}
 	resps, err := adm.CreateTopics(ctx, partitions, replicationFactor, nil, topics...)
 	if err != nil {
-		return fmt.Errorf("kafka: creating topics %v: %w; check the brokers are reachable", topics, err)
+		return nil, fmt.Errorf("kafka: creating topics %v: %w; check the brokers are reachable", topics, err)
 	}
 	var errs []string
 	for _, t := range topics {
 		r, ok := resps[t]
-		if !ok || r.Err == nil || errors.Is(r.Err, kerr.TopicAlreadyExists) ||
-			errors.Is(r.Err, kerr.TopicAuthorizationFailed) || errors.Is(r.Err, kerr.ClusterAuthorizationFailed) {
+		if !ok || r.Err == nil || errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			continue
+		}
+		if errors.Is(r.Err, kerr.TopicAuthorizationFailed) || errors.Is(r.Err, kerr.ClusterAuthorizationFailed) {
+			assumed = append(assumed, t)
 			continue
 		}
 		msg := r.Err.Error()
@@ -142,9 +164,9 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, repli
 		errs = append(errs, fmt.Sprintf("%s: %s", t, msg))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("kafka: creating topics (partitions %d, replication factor %d) failed: %s; fix the topic settings or create the topics yourself", partitions, replicationFactor, strings.Join(errs, "; "))
+		return assumed, fmt.Errorf("kafka: creating topics (partitions %d, replication factor %d) failed: %s; fix the topic settings or create the topics yourself", partitions, replicationFactor, strings.Join(errs, "; "))
 	}
-	return nil
+	return assumed, nil
 }
 
 // ClusterID returns the Kafka cluster id, as GET / reports kafka_cluster_id.

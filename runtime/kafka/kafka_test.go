@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,15 +185,20 @@ func TestNewClientNeedsSeeds(t *testing.T) {
 // TestEnsureTopicsWithoutCreatePermission: a client without the CREATE
 // permission gets TOPIC_AUTHORIZATION_FAILED for every topic, existing or
 // not; like Kafka Connect, the topics are then assumed to exist (the first
-// produce fails if one does not).
+// produce fails if one does not). They are not remembered as existing: once
+// the permission is granted, the next Ensure creates them.
 func TestEnsureTopicsWithoutCreatePermission(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	var granted atomic.Bool
 	c.ControlKey(int16(kmsg.CreateTopics), func(r kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
+		if granted.Load() {
+			return nil, nil, false
+		}
 		req := r.(*kmsg.CreateTopicsRequest)
 		resp := req.ResponseKind().(*kmsg.CreateTopicsResponse)
 		for i, rt := range req.Topics {
@@ -208,7 +214,20 @@ func TestEnsureTopicsWithoutCreatePermission(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	if err := NewTopicCreator(cl, 1, 1).Ensure(testCtx(t), "made-by-an-admin", "another"); err != nil {
+	ctx := testCtx(t)
+	tc := NewTopicCreator(cl, 1, 1)
+	if err := tc.Ensure(ctx, "made-by-an-admin", "another"); err != nil {
 		t.Errorf("Ensure without the CREATE permission: %v", err)
+	}
+	granted.Store(true)
+	if err := tc.Ensure(ctx, "made-by-an-admin", "another"); err != nil {
+		t.Fatal(err)
+	}
+	td, err := kadm.NewClient(cl).ListTopics(ctx, "made-by-an-admin", "another")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !td.Has("made-by-an-admin") || !td.Has("another") {
+		t.Errorf("after the grant the topics were not created: %v", td.Names())
 	}
 }

@@ -1,9 +1,12 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -291,4 +294,50 @@ func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
 	id := pe.start(KeyGracefulTimeout, "1000")
 	pe.polled(1)
 	pe.stopWithin(id, 4*time.Second)
+}
+
+// lockedBuffer is a log sink for a logger used from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestFailedProduceIsReportedOnce: a task that failed on a record Kafka
+// refused reports it as the failure, not again as a refusal during the
+// stop that follows.
+func TestFailedProduceIsReportedOnce(t *testing.T) {
+	var logs lockedBuffer
+	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+		if n == 0 {
+			return []connect.SourceRecord{rec("large", 0, 2<<20)}, nil // over kfake's 1 MB
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}, nil, WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	id := pe.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for pe.lastStatus().State != StateFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("the task did not fail on a record over the broker's limit: %+v", pe.lastStatus())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = pe.w.StopTasks(ctx, []TaskID{id}, false)[id]
+	if n := strings.Count(logs.String(), "refused by Kafka while the task stopped"); n != 0 {
+		t.Errorf("the failure is reported %d more times as a refusal during the stop:\n%s", n, logs.String())
+	}
 }

@@ -456,10 +456,16 @@ func (s *sourceLoop) finish() {
 	// more for acks that raced the close, once their callbacks have run:
 	// Close fails what is still buffered (never committed) but does not
 	// wait for the callbacks, and a record Kafka holds must reach Commit.
-	s.logFinalErr(s.commitAcked(true))
+	s.mu.Lock()
+	failed := s.firstErr != nil // the loop failed on it, and said so
+	s.mu.Unlock()
+	_ = s.commitAcked(true)
 	s.producer.Close()
 	s.awaitCallbacks(callbacksAfterClose)
-	s.logFinalErr(s.commitAcked(true))
+	_ = s.commitAcked(true)
+	if !failed {
+		s.logRefused()
+	}
 	s.writeOffsets()
 }
 
@@ -470,11 +476,17 @@ const callbacksAfterClose = 5 * time.Second
 // errStopping ends produce when a stop cut it short.
 var errStopping = errors.New("stopping")
 
-// logFinalErr reports a record Kafka refused while the task stopped: not
-// committed, so sent again after a restart, where it will fail again.
-func (s *sourceLoop) logFinalErr(err error) {
-	if err != nil && !errors.Is(err, kgo.ErrClientClosed) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-		s.t.log.Error("a record was refused by Kafka while the task stopped; it is not committed and will be sent again after a restart", "error", err)
+// logRefused reports the records Kafka refused while the task stopped
+// (not those Close failed): not committed, so sent again after a restart,
+// where they will fail again.
+func (s *sourceLoop) logRefused() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.queue {
+		if p.done && p.err != nil && !errors.Is(p.err, kgo.ErrClientClosed) {
+			s.t.log.Error("a record was refused by Kafka while the task stopped; it is not committed and will be sent again after a restart",
+				"topic", p.rec.Topic, "error", p.err)
+		}
 	}
 }
 

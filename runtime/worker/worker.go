@@ -188,6 +188,7 @@ func (w *Worker) kafkaAdmin() (*kafka.TopicCreator, error) {
 		w.admin, w.adminErr = kafka.NewClient(w.seeds, w.logger, w.kopts...)
 		if w.adminErr == nil {
 			w.creator = kafka.NewTopicCreator(w.admin, w.topicPartitions, w.topicReplication)
+			w.creator.Logger = w.logger
 		}
 	})
 	return w.creator, w.adminErr
