@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 )
@@ -296,29 +296,11 @@ func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
 	pe.stopWithin(id, 4*time.Second)
 }
 
-// lockedBuffer is a log sink for a logger used from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestFailedProduceIsReportedOnce: a task that failed on a record Kafka
 // refused reports it as the failure, not again as a refusal during the
 // stop that follows.
 func TestFailedProduceIsReportedOnce(t *testing.T) {
-	var logs lockedBuffer
+	var logs testenv.SyncBuffer
 	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
 		if n == 0 {
 			return []connect.SourceRecord{rec("large", 0, 2<<20)}, nil // over kfake's 1 MB
