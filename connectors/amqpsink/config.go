@@ -85,15 +85,35 @@ func checkTemplate(tmpl string, allowed ...string) error {
 }
 
 func checkURL(v string) error {
-	u, err := amqp.ParseURI(strings.TrimSpace(v))
+	raw := strings.TrimSpace(v)
+	u, err := amqp.ParseURI(raw)
 	if err != nil {
-		// ParseURI errors may quote the URL; never echo the password.
-		return fmt.Errorf("not an AMQP URL of the form amqp://user:pass@host:5672/vhost (%s)", connect.MaskCredentials(err.Error()))
+		// Never the parser's text: it quotes parts of the URL, the
+		// password among them ("invalid port \":se\"").
+		return errors.New("not an AMQP URL of the form amqp://user:pass@host:5672/vhost; percent-encode reserved characters ('@', ':', '/', '?', '#', '%') in the user and password")
 	}
 	if u.Host == "" {
 		return errors.New("the URL names no host")
 	}
+	// A '#' or '?' in the password ends the authority early: the URL then
+	// parses, with a host and port made of the user and password.
+	if _, rest, ok := strings.Cut(raw, "://"); ok {
+		authority, _, _ := strings.Cut(rest, "/")
+		if at := strings.LastIndexByte(authority, '@'); at >= 0 && !strings.Contains(strings.ToLower(authority[at+1:]), strings.ToLower(u.Host)) {
+			return errors.New("the user and password were not read from the URL: percent-encode reserved characters ('@', ':', '/', '?', '#', '%') in them")
+		}
+	}
 	return nil
+}
+
+// predefinedExchangeTypes are the types of RabbitMQ's predefined exchanges:
+// they exist on every vhost and are never declared or owned.
+var predefinedExchangeTypes = map[string]string{
+	"amq.direct":  "direct",
+	"amq.fanout":  "fanout",
+	"amq.topic":   "topic",
+	"amq.headers": "headers",
+	"amq.match":   "headers",
 }
 
 func oneOf(values ...string) func(string) error {
@@ -118,8 +138,11 @@ var configDef = connect.ConfigDef{
 	{Name: KeyExchange, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "RabbitMQ", Order: 4,
 		Doc: "Exchange to publish to; created (and owned) when it does not exist. Default: the connector name.",
 		Validate: func(v string) error {
-			if strings.HasPrefix(v, "amq.") {
+			if _, ok := predefinedExchangeTypes[v]; ok {
 				return nil // the predefined exchanges always exist and are never owned
+			}
+			if strings.HasPrefix(v, "amq.") {
+				return fmt.Errorf("%q is not one of RabbitMQ's predefined exchanges (amq.direct, amq.fanout, amq.topic, amq.headers, amq.match), and names starting with amq. are reserved", v)
 			}
 			return checkName(v)
 		}},
@@ -237,11 +260,25 @@ func validate(cfg connect.Config, withTopics bool) map[string][]string {
 	if cfg[KeyExchange] == "" && cfg["name"] == "" {
 		add(KeyExchange, "no exchange given and no connector name to default to")
 	}
+	if cfg[KeyExchange] == "" && strings.HasPrefix(cfg["name"], "amq.") {
+		add(KeyExchange, "the exchange defaults to the connector name, which starts with amq. (reserved by RabbitMQ): set rabbitmq.exchange")
+	}
+	// A predefined exchange has the type it has: the checks below go by it.
+	exchangeType := cfg[KeyExchangeType]
+	if exchangeType == "" {
+		exchangeType = "topic"
+	}
+	if t, ok := predefinedExchangeTypes[cfg[KeyExchange]]; ok {
+		if exchangeType != t {
+			add(KeyExchangeType, fmt.Sprintf("%s is a %s exchange: set rabbitmq.exchange.type=%s (or use another exchange)", cfg[KeyExchange], t, t))
+		}
+		exchangeType = t
+	}
 	rk := cfg[KeyRoutingKey]
 	if rk == "" {
 		rk = placeholderTopic
 	}
-	if cfg[KeyExchangeType] == "direct" && (strings.Contains(rk, placeholderKey) || strings.Contains(rk, placeholderPartition)) {
+	if exchangeType == "direct" && (strings.Contains(rk, placeholderKey) || strings.Contains(rk, placeholderPartition)) {
 		add(KeyRoutingKey, "with a direct exchange the routing key may only use ${topic}: the queue binding must know the key in advance")
 	}
 	// Each topic has its own queue, bound by the routing key: with several
@@ -253,10 +290,10 @@ func validate(cfg connect.Config, withTopics bool) map[string][]string {
 	}
 	// One queue for all topics (a template without ${topic}) wants them all.
 	severalTopics := (regex != "" || len(connect.SplitList(topics)) > 1) && strings.Contains(queueTmpl, placeholderTopic)
-	if severalTopics && !strings.Contains(rk, placeholderTopic) && (cfg[KeyExchangeType] == "topic" || cfg[KeyExchangeType] == "direct") {
+	if severalTopics && !strings.Contains(rk, placeholderTopic) && (exchangeType == "topic" || exchangeType == "direct") {
 		add(KeyRoutingKey, "with several topics (or topics.regex) the routing key must contain ${topic}: each topic's queue is bound by it")
 	}
-	if severalTopics && cfg[KeyExchangeType] == "fanout" {
+	if severalTopics && exchangeType == "fanout" {
 		add(KeyExchangeType, "a fanout exchange copies every record into every bound queue: with several topics (or topics.regex) use topic or direct")
 	}
 	for k, v := range errs {
@@ -321,7 +358,7 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 	if s.maxMessage, err = cfg.Int(KeyMaxMessageBytes, 134217728); err != nil {
 		return nil, err
 	}
-	ms, err := strconv.ParseInt(cfg[KeyReconnectTimeout], 10, 64)
+	ms, err := strconv.ParseInt(strings.TrimSpace(cfg[KeyReconnectTimeout]), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", KeyReconnectTimeout, err)
 	}

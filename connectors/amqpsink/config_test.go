@@ -2,6 +2,7 @@ package amqpsink
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -33,6 +34,23 @@ func TestValidate(t *testing.T) {
 			c[KeyRoutingKey] = "${topic}.${key}"
 		}, []string{KeyRoutingKey}},
 		{"reserved exchange name", func(c connect.Config) { c[KeyExchange] = "amq.topic" }, nil},
+		// A predefined exchange has its own type: records routed by
+		// another would go to the wrong queues.
+		{"predefined fanout exchange as topic", func(c connect.Config) { c[KeyExchange] = "amq.fanout" }, []string{KeyExchangeType}},
+		{"predefined fanout exchange, one topic", func(c connect.Config) {
+			c[KeyExchange], c[KeyExchangeType], c[KeyTopics] = "amq.fanout", "fanout", "a"
+		}, nil},
+		{"predefined headers exchange as topic", func(c connect.Config) { c[KeyExchange] = "amq.match" }, []string{KeyExchangeType}},
+		{"predefined headers exchange, several topics", func(c connect.Config) {
+			c[KeyExchange], c[KeyExchangeType] = "amq.headers", "headers"
+		}, nil},
+		{"no such predefined exchange", func(c connect.Config) { c[KeyExchange] = "amq.nonexistent" }, []string{KeyExchange}},
+		{"connector name reserved as the default exchange", func(c connect.Config) { c["name"] = "amq.x" }, []string{KeyExchange}},
+		{"reconnect timeout with spaces", func(c connect.Config) { c[KeyReconnectTimeout] = " 1000" }, nil},
+		// Reserved characters in the password: the error quotes no part
+		// of it (checked below for every case).
+		{"'?' in the password", func(c connect.Config) { c[KeyURL] = "amqp://u:Xq7?Zw9@localhost:5672/v" }, []string{KeyURL}},
+		{"'#' in the password reads as a port", func(c connect.Config) { c[KeyURL] = "amqp://u:12345#topsecret@localhost/" }, []string{KeyURL}},
 		{"too long exchange name", func(c connect.Config) { c[KeyExchange] = strings.Repeat("x", 256) }, []string{KeyExchange}},
 		{"no topics", func(c connect.Config) { delete(c, KeyTopics) }, []string{KeyTopics}},
 		{"topics and regex", func(c connect.Config) { c[KeyTopicsRegex] = "a.*" }, []string{KeyTopics}},
@@ -88,8 +106,10 @@ func TestValidate(t *testing.T) {
 			if len(errs) != len(tc.badKeys) {
 				t.Errorf("errors for %d keys, want %d: %v", len(errs), len(tc.badKeys), errs)
 			}
-			if strings.Contains(err.Error(), "topsecret") {
-				t.Errorf("error leaks the password: %v", err)
+			for _, leak := range []string{"topsecret", "Xq7", "12345"} {
+				if strings.Contains(err.Error(), leak) || strings.Contains(fmt.Sprint(errs), leak) {
+					t.Errorf("errors leak the password (%q): %v / %v", leak, err, errs)
+				}
 			}
 		})
 	}
