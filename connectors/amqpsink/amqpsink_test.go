@@ -895,14 +895,27 @@ func TestInterruptedReportIsNotFatal(t *testing.T) {
 	defer func() { _ = s.stop(true) }()
 	s.put(rec("paused", 0, 0, "", "ok"))
 	s.flush()
-	b.deleteQueue(name + ".paused") // the next record comes back unroutable
-	s.put(rec("paused", 0, 1, "", "lost"))
-	deadline := time.Now().Add(30 * time.Second)
-	for !s.task.pendingFailures() {
-		if time.Now().After(deadline) {
-			t.Fatal("the unroutable record never came back")
+	b.deleteQueue(name + ".paused") // the next records come back unroutable
+	// The broker can return a record before the Put that published it
+	// reports its failures at the end: then that Put reports it. Put
+	// records until one is still waiting for its report after its Put.
+	last := int64(1)
+	for ; ; last++ {
+		if last > 20 {
+			t.Fatal("no unroutable record was left waiting for its report after its Put")
 		}
-		time.Sleep(10 * time.Millisecond)
+		reported := len(rep.got())
+		s.put(rec("paused", 0, last, "", "lost"))
+		deadline := time.Now().Add(30 * time.Second)
+		for !s.task.pendingFailures() && len(rep.got()) == reported {
+			if time.Now().After(deadline) {
+				t.Fatal("the unroutable record never came back")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if s.task.pendingFailures() {
+			break
+		}
 	}
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -913,8 +926,8 @@ func TestInterruptedReportIsNotFatal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Flush after the interrupted report: %v", err)
 	}
-	if tp := (connect.TopicPartition{Topic: "paused", Partition: 0}); offs[tp] != 2 || len(rep.got()) != 1 {
-		t.Errorf("offset %d, reports %d; want 2 and 1", offs[tp], len(rep.got()))
+	if tp := (connect.TopicPartition{Topic: "paused", Partition: 0}); offs[tp] != last+1 || int64(len(rep.got())) != last {
+		t.Errorf("offset %d, reports %d; want %d and %d", offs[tp], len(rep.got()), last+1, last)
 	}
 }
 
