@@ -174,6 +174,27 @@ func rec(topic string, i int, size int) connect.SourceRecord {
 
 func randBytes(n int) []byte { b := make([]byte, n); _, _ = rand.Read(b); return b }
 
+// firstBatch is a scripted Poll that returns recs once, then blocks until
+// its context ends.
+func firstBatch(recs ...connect.SourceRecord) func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+	return func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
+		if n == 0 {
+			return recs, nil
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+}
+
+// stall makes the broker sleep d before answering requests of key.
+func (pe *scriptedEnv) stall(key kmsg.Key, d time.Duration) {
+	pe.c.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
+		pe.c.KeepControl()
+		pe.c.SleepControl(func() { time.Sleep(d) })
+		return nil, nil, false
+	})
+}
+
 // polled waits until the task has polled n times.
 func (pe *scriptedEnv) polled(n int) {
 	pe.t.Helper()
@@ -250,18 +271,8 @@ func TestSourceTopicWithoutCreatePermission(t *testing.T) {
 // that hangs (a stop was reported abandoned, and Stopped ran only when the
 // request timed out).
 func TestStopCutsTopicCreationShort(t *testing.T) {
-	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
-		if n == 0 {
-			return []connect.SourceRecord{rec("new-topic", 0, 10)}, nil
-		}
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}, nil)
-	pe.c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
-		pe.c.KeepControl()
-		pe.c.SleepControl(func() { time.Sleep(8 * time.Second) })
-		return nil, nil, false
-	})
+	pe := newScripted(t, firstBatch(rec("new-topic", 0, 10)), nil)
+	pe.stall(kmsg.CreateTopics, 8*time.Second)
 	id := pe.start(KeyGracefulTimeout, "1000")
 	pe.polled(1)
 	pe.stopWithin(id, 3*time.Second)
@@ -272,25 +283,15 @@ func TestStopCutsTopicCreationShort(t *testing.T) {
 // a stop is not seen.
 func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
 	const topic = "slow"
-	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
-		if n == 0 {
-			out := make([]connect.SourceRecord, 20)
-			for i := range out {
-				out[i] = rec(topic, i, 10)
-			}
-			return out, nil
-		}
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}, nil, WithMaxInFlightRecords(2))
+	batch := make([]connect.SourceRecord, 20)
+	for i := range batch {
+		batch[i] = rec(topic, i, 10)
+	}
+	pe := newScripted(t, firstBatch(batch...), nil, WithMaxInFlightRecords(2))
 	if _, err := pe.adm().CreateTopic(context.Background(), 1, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
-	pe.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		pe.c.KeepControl()
-		pe.c.SleepControl(func() { time.Sleep(6 * time.Second) })
-		return nil, nil, false
-	})
+	pe.stall(kmsg.Produce, 6*time.Second)
 	id := pe.start(KeyGracefulTimeout, "1000")
 	pe.polled(1)
 	pe.stopWithin(id, 4*time.Second)
@@ -301,13 +302,9 @@ func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
 // stop that follows.
 func TestFailedProduceIsReportedOnce(t *testing.T) {
 	var logs testenv.SyncBuffer
-	pe := newScripted(t, func(ctx context.Context, n int) ([]connect.SourceRecord, error) {
-		if n == 0 {
-			return []connect.SourceRecord{rec("large", 0, 2<<20)}, nil // over kfake's 1 MB
-		}
-		<-ctx.Done()
-		return nil, ctx.Err()
-	}, nil, WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	over := rec("large", 0, 2<<20) // over kfake's 1 MB
+	pe := newScripted(t, firstBatch(over), nil,
+		WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	id := pe.start()
 	deadline := time.Now().Add(10 * time.Second)
 	for pe.lastStatus().State != StateFailed {
