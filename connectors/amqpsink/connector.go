@@ -188,7 +188,20 @@ func (c *Connector) Stopped(ctx context.Context) error {
 		}
 	}
 	tp := &topology{s: s, conn: conn, ledger: h.Ledger, log: h.Logger}
-	return tp.cleanup(ctx)
+	// amqp091's deletes take no context, and a broker that stalls one (a
+	// queue process that does not answer) holds the call while heartbeats
+	// keep the connection up: when ctx ends, closing the connection fails
+	// the pending call, and what is left stays in the ledger for a retry.
+	done := make(chan error, 1)
+	go func() { done <- tp.cleanup(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		_ = conn.CloseDeadline(time.Now().Add(time.Second))
+		err := <-done
+		return fmt.Errorf("deleting the owned RabbitMQ resources was cut short (%w); deleting the connector again retries: %v", ctx.Err(), err)
+	}
 }
 
 var _ slog.LogValuer = (*settings)(nil)
