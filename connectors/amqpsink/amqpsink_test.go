@@ -662,16 +662,7 @@ func TestStopInterruptsWaitForConfirms(t *testing.T) {
 	q := name + ".slow"
 	cleanupByName(t, b, name, q)
 	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
-	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, q)
-	ctl(t, "eval", queuePid+", sys:suspend(P).")
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			ctl(t, "eval", queuePid+", sys:resume(P).")
-		}
-	}
-	t.Cleanup(resume)
+	resume := suspendQueue(t, q)
 
 	done := make(chan error, 1)
 	go func() {

@@ -434,3 +434,21 @@ func rec(topic string, partition int32, offset int64, key, value string) connect
 }
 
 func lookRabbitmqctl() (string, error) { return exec.LookPath("rabbitmqctl") }
+
+// suspendQueue suspends the process of classic queue q on vhost "/" (it
+// stops answering, as a stalled broker would) until the returned resume is
+// called, or the test ends.
+func suspendQueue(t testing.TB, q string) (resume func()) {
+	t.Helper()
+	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, q)
+	ctl(t, "eval", queuePid+", sys:suspend(P).")
+	resumed := false
+	resume = func() {
+		if !resumed {
+			resumed = true
+			ctl(t, "eval", queuePid+", sys:resume(P).")
+		}
+	}
+	t.Cleanup(resume)
+	return resume
+}

@@ -2,7 +2,6 @@ package amqpsink
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,16 +29,7 @@ func TestCleanupHonoursItsContext(t *testing.T) {
 	if err := s.task.Stopped(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, q)
-	ctl(t, "eval", queuePid+", sys:suspend(P).")
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			ctl(t, "eval", queuePid+", sys:resume(P).")
-		}
-	}
-	t.Cleanup(resume)
+	resume := suspendQueue(t, q)
 
 	s.conn.Stop(true)
 	ctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), testHost(name, -1, ledger, nil)), 2*time.Second)
