@@ -217,6 +217,11 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 			h.logger(c).Warn("could not delete the sink consumer group; delete it by hand if it matters", "group", SinkGroup(name), "error", err)
 		}
 	}
+	// The worker's in-memory topics too: a connector created later under
+	// the same name starts with none (KIP-558 resets them on deletion).
+	if r, ok := h.w.(interface{ ResetTopics(string) }); ok {
+		r.ResetTopics(name)
+	}
 	for _, step := range []func(context.Context, string) error{h.store.DeleteLedger, h.store.ResetTopics, h.store.DeleteConnector, h.store.DeleteIntent} {
 		if err := step(ctx, name); err != nil {
 			return err

@@ -459,6 +459,57 @@ func (h *Standalone) interruptStart(name string) {
 	}
 }
 
+// interruptStartFor interrupts a start in progress (see interruptStart) for
+// a config change, built by next from the current config, unless validation
+// refuses the change: a refused request changes nothing, so it must not
+// leave the connector FAILED with the interrupted Start's "context
+// canceled". The request is validated again under the connector's lock.
+func (h *Standalone) interruptStartFor(ctx context.Context, name string, next func(connect.Config) connect.Config) error {
+	h.mu.Lock()
+	c := h.conns[name]
+	starting := c != nil && c.cancelStart != nil && c.deletion == nil
+	var rec store.ConnectorRecord
+	var spec connect.Spec
+	var hasPlugin bool
+	if starting {
+		rec, spec, hasPlugin = c.rec, c.spec, c.hasPlugin
+	}
+	h.mu.Unlock()
+	if starting {
+		cfg := next(rec.Config.Clone())
+		if hasPlugin {
+			cfg = spec.Config.Merge(CommonConfigDef(spec.Type)).Unmask(cfg, rec.Config)
+		}
+		p, _, errs := h.validate(ctx, name, cfg)
+		if len(errs) == 0 {
+			errs = h.classChangeErrors(ctx, name, rec.Config, p)
+		}
+		if len(errs) > 0 {
+			return &ConfigError{Fields: errs}
+		}
+	}
+	h.interruptStart(name)
+	return nil
+}
+
+// classChangeErrors refuses a new connector.class while the connector owns
+// resources: only the plugin that created them can drop them, so a
+// connector of another class could never be deleted cleanly.
+func (h *Standalone) classChangeErrors(ctx context.Context, name string, old connect.Config, next connect.Plugin) map[string][]string {
+	prev, ok := h.plugins.Lookup(strings.TrimSpace(old[KeyConnectorClass]))
+	if !ok || prev.Class == next.Class {
+		return nil
+	}
+	owned, err := h.store.Ledger(name).List(ctx)
+	if err != nil {
+		return map[string][]string{KeyConnectorClass: {fmt.Sprintf("cannot tell whether connector %s owns resources, so connector.class cannot change now (retry): %v", name, err)}}
+	}
+	if len(owned) == 0 {
+		return nil
+	}
+	return map[string][]string{KeyConnectorClass: {fmt.Sprintf("connector.class cannot change from %s to %s: the connector owns %d resources (GET /connectors/%s/resources) that only %s can drop; delete the connector (dropping them) and create a new one, or keep %s", prev.Class, next.Class, len(owned), name, prev.Class, prev.Class)}}
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "none"
@@ -962,7 +1013,9 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 			return info, err == nil, err
 		}
 	}
-	h.interruptStart(name)
+	if err := h.interruptStartFor(ctx, name, func(connect.Config) connect.Config { return cfg }); err != nil {
+		return ConnectorInfo{}, false, err
+	}
 	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, false, err
@@ -977,7 +1030,19 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 }
 
 func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patch map[string]*string) (ConnectorInfo, error) {
-	h.interruptStart(name)
+	apply := func(cfg connect.Config) connect.Config {
+		for k, v := range patch {
+			if v == nil {
+				delete(cfg, k)
+			} else {
+				cfg[k] = *v
+			}
+		}
+		return cfg
+	}
+	if err := h.interruptStartFor(ctx, name, apply); err != nil {
+		return ConnectorInfo{}, err
+	}
 	c, err := h.lookup(ctx, name)
 	if err != nil {
 		return ConnectorInfo{}, err
@@ -988,13 +1053,7 @@ func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patc
 	if d != nil && len(d.Config) > 0 {
 		cfg = d.Config.Clone()
 	}
-	for k, v := range patch {
-		if v == nil {
-			delete(cfg, k)
-		} else {
-			cfg[k] = *v
-		}
-	}
+	cfg = apply(cfg)
 	if d != nil {
 		return h.reconfigureDeletingLocked(ctx, c, cfg)
 	}
@@ -1065,6 +1124,9 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, c.rec.Config)
 	}
 	p, spec, errs := h.validate(ctx, c.name, cfg)
+	if len(errs) == 0 {
+		errs = h.classChangeErrors(ctx, c.name, c.rec.Config, p)
+	}
 	if len(errs) > 0 {
 		return ConnectorInfo{}, &ConfigError{Fields: errs}
 	}

@@ -1,0 +1,214 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// strictConn is a source connector that owns nothing and, when deleted,
+// drops only the resource kind it would create, as amqpsink and pgaudit
+// refuse resources of another plugin ("unknown resource kind").
+type strictConn struct {
+	deleted bool
+	ledger  connect.Ledger
+	// gate, when set, holds Start until it is closed or ctx ends (a
+	// slow database); entered is closed when Start begins.
+	gate, entered chan struct{}
+	once          *sync.Once
+}
+
+func (s *strictConn) Spec() connect.Spec {
+	return connect.Spec{Type: connect.TypeSource, Version: "1"}
+}
+
+func (s *strictConn) Start(ctx context.Context, _ connect.Config) error {
+	s.ledger = connect.HostFrom(ctx).Ledger
+	if s.gate == nil {
+		return nil
+	}
+	s.once.Do(func() { close(s.entered) })
+	select {
+	case <-s.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *strictConn) TaskConfigs(int) ([]connect.Config, error) { return nil, nil }
+func (s *strictConn) Stop(deleted bool)                         { s.deleted = s.deleted || deleted }
+
+func (s *strictConn) Stopped(ctx context.Context) error {
+	if !s.deleted {
+		return nil
+	}
+	owned, err := s.ledger.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range owned {
+		if r.Kind != "strict.queue" {
+			return fmt.Errorf("unknown resource kind %q", r.Kind)
+		}
+		if err := s.ledger.Release(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openSync starts a herder with the sync worker on dir, with the sample
+// plugins and extra ones.
+func openSync(t *testing.T, dir string, extra ...connect.Plugin) (*Standalone, *store.File) {
+	t.Helper()
+	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), extra...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.OpenFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewStandalone(context.Background(), WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)),
+		WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
+	if err != nil {
+		st.Close()
+		t.Fatal(err)
+	}
+	return h, st
+}
+
+// A connector that owns resources keeps its class: another plugin could not
+// drop them, so the deletion would fail for ever (and changing the class
+// back is refused while it is being deleted). One that owns nothing may
+// change it.
+func TestClassChangeRefusedWhileTheConnectorOwnsResources(t *testing.T) {
+	strict := connect.Plugin{Class: "strict", NewConnector: func() connect.Connector { return &strictConn{} }, NewTask: func() connect.Task { return nil }}
+	h, st := openSync(t, t.TempDir(), strict)
+	defer st.Close()
+	defer h.Close(context.Background())
+	ctx := testCtx(t)
+
+	if _, err := h.CreateConnector(ctx, "owner", sourceConfig("t", 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	owned, err := st.Ledger("owner").List(ctx)
+	if err != nil || len(owned) == 0 {
+		t.Fatalf("the sample source should own resources: %v, %v", owned, err)
+	}
+	_, _, err = h.PutConnectorConfig(ctx, "owner", connect.Config{KeyConnectorClass: "strict", KeyTasksMax: "1"})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || len(ce.Fields[KeyConnectorClass]) == 0 {
+		t.Fatalf("PUT changing connector.class of a connector owning %d resources: %v, want a ConfigError naming %s", len(owned), err, KeyConnectorClass)
+	}
+	if msg := ce.Fields[KeyConnectorClass][0]; !strings.Contains(msg, "owns") {
+		t.Errorf("the error should say why: %q", msg)
+	}
+	if _, err := h.PatchConnectorConfig(ctx, "owner", map[string]*string{KeyConnectorClass: new("strict")}); !errors.As(err, &ce) {
+		t.Errorf("PATCH changing connector.class: %v, want a ConfigError", err)
+	}
+	if err := h.DeleteConnector(ctx, "owner"); err != nil {
+		t.Fatalf("DELETE: %v", err)
+	}
+	if left, err := st.Ledger("owner").List(ctx); err != nil || len(left) != 0 {
+		t.Errorf("after DELETE the ledger holds %v (%v)", left, err)
+	}
+
+	if _, err := h.CreateConnector(ctx, "empty", connect.Config{KeyConnectorClass: "strict", KeyTasksMax: "1"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.PutConnectorConfig(ctx, "empty", sourceConfig("t", 1)); err != nil {
+		t.Errorf("a connector that owns nothing should be able to change its class: %v", err)
+	}
+}
+
+// A config change refused by validation changes nothing: it must not cut
+// short a Start still running from boot (which would leave the connector
+// FAILED with "context canceled"). A valid change does interrupt it.
+func TestRefusedConfigChangeDoesNotInterruptAStart(t *testing.T) {
+	gate, entered, once := make(chan struct{}), make(chan struct{}), new(sync.Once)
+	slow := connect.Plugin{Class: "slow", NewConnector: func() connect.Connector {
+		return &strictConn{gate: gate, entered: entered, once: once}
+	}, NewTask: func() connect.Task { return nil }}
+	dir := t.TempDir()
+	ctx := testCtx(t)
+	h, st := openSync(t, dir, slow)
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
+	close(gate) // the first start goes through
+	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.Close(ctx)
+	st.Close()
+
+	// The start at boot waits.
+	gate, entered, once = make(chan struct{}), make(chan struct{}), new(sync.Once)
+	h, st = openSync(t, dir, slow)
+	defer st.Close()
+	defer h.Close(context.Background())
+	<-entered
+	bad := cfg.Clone()
+	bad[KeyTasksMax] = "not-a-number"
+	var ce *ConfigError
+	if _, _, err := h.PutConnectorConfig(ctx, "x", bad); !errors.As(err, &ce) || len(ce.Fields[KeyTasksMax]) == 0 {
+		t.Fatalf("PUT with a bad tasks.max: %v, want a ConfigError naming %s", err, KeyTasksMax)
+	}
+	if _, err := h.PatchConnectorConfig(ctx, "x", map[string]*string{KeyTasksMax: new("-1")}); !errors.As(err, &ce) {
+		t.Fatalf("PATCH with a bad tasks.max: %v, want a ConfigError", err)
+	}
+	close(gate)
+	if err := h.AwaitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := h.ConnectorStatus(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Connector.State != worker.StateRunning {
+		t.Errorf("after refused changes the connector is %s (%s), want RUNNING", s.Connector.State, s.Connector.Trace)
+	}
+}
+
+// Deleting a connector forgets its active topics in the worker too
+// (KIP-558): a connector created later under the same name starts with
+// none, also after a restart.
+func TestDeletionResetsTheWorkersTopics(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	name, old, fresh := testenv.Unique("topics-"), testenv.Unique("old-"), testenv.Unique("new-")
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(old, 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	awaitCommitted(t, rec, name, 5)
+	if got, err := hs.h.Topics(ctx, name); err != nil || !slices.Contains(got, old) {
+		t.Fatalf("topics of the running connector: %v (%v), want %s among them", got, err, old)
+	}
+	if err := hs.h.DeleteConnector(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	// Re-created STOPPED: it produces nothing.
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(fresh, 1), "STOPPED"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := hs.h.Topics(ctx, name); err != nil || len(got) != 0 {
+		t.Errorf("topics of the re-created connector: %v (%v), want none", got, err)
+	}
+	hs.restart()
+	if got, err := hs.h.Topics(ctx, name); err != nil || len(got) != 0 {
+		t.Errorf("after a restart: %v (%v), want none", got, err)
+	}
+}
