@@ -193,12 +193,12 @@ func (s *sinkLoop) put() error {
 	}
 	ctx, cancel := s.t.loopContext()
 	defer cancel()
-	err := s.task.Put(ctx, s.pending)
+	err := guard("Put", func() error { return s.task.Put(ctx, s.pending) })
 	if rerr := s.t.errantErr(); rerr != nil && err == nil {
 		err = rerr // the task swallowed a Report that said to fail
 	}
 	if err != nil {
-		if ctx.Err() != nil && s.t.errantErr() == nil {
+		if ctx.Err() != nil && s.t.errantErr() == nil && !isPanic(err) {
 			return nil
 		}
 		return fmt.Errorf("Put: %w", err)
@@ -220,9 +220,16 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 	t := s.t
 	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	defer cancel()
-	offs, err := s.task.Flush(ctx)
+	var offs map[connect.TopicPartition]int64
+	err := guard("Flush", func() (err error) {
+		offs, err = s.task.Flush(ctx)
+		return err
+	})
 	if err != nil {
 		t.log.Error("Flush failed; offsets not committed", "error", err)
+		if isPanic(err) && s.asyncErr == nil {
+			s.asyncErr = err // the task fails: the next Flush would panic too
+		}
 		return
 	}
 	commit := map[string]map[int32]kgo.EpochOffset{}
@@ -315,7 +322,7 @@ func (s *sinkLoop) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]i
 	if s.aware != nil && !s.noFlush {
 		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
 		defer cancel()
-		if err := s.aware.Open(ctx, tps); err != nil && s.asyncErr == nil {
+		if err := guard("Open", func() error { return s.aware.Open(ctx, tps) }); err != nil && s.asyncErr == nil {
 			s.asyncErr = fmt.Errorf("Open(%v): %w", tps, err)
 		}
 	}
@@ -343,7 +350,7 @@ func (s *sinkLoop) onRevoked(_ context.Context, _ *kgo.Client, m map[string][]in
 	}
 	if s.aware != nil {
 		ctx, cancel := context.WithTimeout(s.t.base, 30*time.Second)
-		if err := s.aware.Close(ctx, tps); err != nil {
+		if err := guard("Close", func() error { return s.aware.Close(ctx, tps) }); err != nil {
 			s.t.log.Warn("Close of revoked partitions failed", "error", err)
 		}
 		cancel()
@@ -404,7 +411,7 @@ func (s *sinkLoop) finish() {
 	s.mu.Lock()
 	if left := slices.Collect(maps.Keys(s.assigned)); len(left) > 0 && s.aware != nil {
 		cctx, ccancel := context.WithTimeout(t.base, 30*time.Second)
-		if err := s.aware.Close(cctx, left); err != nil {
+		if err := guard("Close", func() error { return s.aware.Close(cctx, left) }); err != nil {
 			t.log.Warn("Close of partitions failed", "error", err)
 		}
 		ccancel()

@@ -187,8 +187,12 @@ func (t *taskInstance) runSource(task connect.SourceTask) (final func(), err err
 				}
 			})
 		}
-		recs, err := task.Poll(ctx)
-		cancelled := ctx.Err() != nil
+		var recs []connect.SourceRecord
+		err := guard("Poll", func() (err error) {
+			recs, err = task.Poll(ctx)
+			return err
+		})
+		cancelled := ctx.Err() != nil && !isPanic(err)
 		if interrupt != nil {
 			interrupt.Stop()
 			s.mu.Lock()
@@ -389,7 +393,7 @@ func (s *sourceLoop) commitAcked(final bool) error {
 		// Never the loop's context: a stop or pause must not cancel the
 		// confirmation of records that are already in Kafka.
 		ctx, cancel := context.WithTimeout(s.t.base, commitTimeout)
-		err := s.task.Commit(ctx, acked)
+		err := guard("Commit", func() error { return s.task.Commit(ctx, acked) })
 		cancel()
 		if err != nil {
 			// Kafka Connect logs and carries on: the records are in Kafka.

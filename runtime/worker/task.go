@@ -39,6 +39,16 @@ type taskInstance struct {
 	startBegan bool // Start was called: Stop may be delivered from now on
 	loopCancel context.CancelFunc
 	stopAt     time.Time
+	// Each Stop call runs in its own goroutine, so that a Stop that
+	// blocks holds up neither its caller nor status reads (t.mu); stopMu
+	// keeps them from overlapping each other. stopsInFlight counts them,
+	// and stopsIdle is closed when the count drops to zero: runTask waits
+	// for them (awaitStops) before the final flush and before Stopped, and
+	// then closes stopsReturned.
+	stopMu        sync.Mutex
+	stopsInFlight int
+	stopsIdle     chan struct{}
+	stopsReturned chan struct{}
 
 	started   chan struct{} // closed once Start returned
 	startErr  error
@@ -162,10 +172,48 @@ func (t *taskInstance) requestStop(deleted bool) {
 	if !t.startBegan {
 		return // runTask sees stopping and never starts the instance
 	}
-	// Under t.mu so that no Stop call follows or overlaps Stopped; Stop
-	// returns quickly by contract.
+	// Added under t.mu, before final: runTask's wait for the Stop calls
+	// sees it, so no Stop call follows or overlaps Stopped.
 	t.stopCalled = true
-	t.task.Stop(deleted)
+	if t.stopsInFlight == 0 {
+		t.stopsIdle = make(chan struct{})
+	}
+	t.stopsInFlight++
+	go func() {
+		defer t.stopReturned()
+		t.stopMu.Lock()
+		defer t.stopMu.Unlock()
+		// What is asked by now: the calls may run in another order than
+		// requested, and a deletion must not be followed by a plain Stop.
+		t.mu.Lock()
+		deleted := t.deleted
+		t.mu.Unlock()
+		if err := guard("Stop", func() error { t.task.Stop(deleted); return nil }); err != nil {
+			t.log.Error("task Stop failed", "error", err, "deleted", deleted)
+		}
+	}()
+}
+
+func (t *taskInstance) stopReturned() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stopsInFlight--
+	if t.stopsInFlight == 0 {
+		close(t.stopsIdle)
+	}
+}
+
+// awaitStops waits until no Stop call runs.
+func (t *taskInstance) awaitStops() {
+	for {
+		t.mu.Lock()
+		n, idle := t.stopsInFlight, t.stopsIdle
+		t.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		<-idle
+	}
 }
 
 // StartTask creates a task instance and runs it in its own goroutine: Start,
@@ -217,7 +265,7 @@ func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
 	t := &taskInstance{
 		w: w, id: run.ID, run: run, class: class, set: set, task: task, typ: typ, host: host, log: host.Logger,
 		base: base, hctx: hctx, cancel: cancel, target: target, changed: make(chan struct{}),
-		started: make(chan struct{}), loopDone: make(chan struct{}), finalDone: make(chan struct{}), done: make(chan struct{}),
+		started: make(chan struct{}), loopDone: make(chan struct{}), finalDone: make(chan struct{}), stopsReturned: make(chan struct{}), done: make(chan struct{}),
 	}
 	if typ == connect.TypeSink {
 		host.Errors = &errantReporter{t: t}
@@ -293,13 +341,14 @@ func (t *taskInstance) runTask() {
 		close(t.started)
 		close(t.loopDone)
 		close(t.finalDone)
+		close(t.stopsReturned)
 		close(t.done)
 		return
 	}
 	t.startBegan = true
 	t.mu.Unlock()
 	t.log.Info("starting task", "class", t.class, "cleanup_only", t.run.CleanupOnly)
-	err := t.task.Start(t.hctx, t.run.TaskConfig.Clone())
+	err := guard("Start", func() error { return t.task.Start(t.hctx, t.run.TaskConfig.Clone()) })
 	t.startErr = err
 	if err == nil {
 		t.mu.Lock()
@@ -342,6 +391,15 @@ func (t *taskInstance) runTask() {
 		}
 	}
 	if final != nil {
+		t.mu.Lock()
+		stopped := t.stopCalled
+		t.mu.Unlock()
+		if stopped {
+			// The task has its Stop before the final flush and commit,
+			// as it had when Stop was called under t.mu (a Stop that
+			// never returns: the stop is abandoned meanwhile).
+			t.awaitStops()
+		}
 		final() // final offset commit, close Kafka clients
 	}
 	close(t.finalDone)
@@ -356,9 +414,14 @@ func (t *taskInstance) runTask() {
 	t.final = true
 	deleted := t.deleted
 	t.mu.Unlock()
+	// A Stop that never returns keeps Stopped from being called: the
+	// instance is then abandoned (stopTask's graceful timeout covers this
+	// wait too).
+	t.awaitStops()
+	close(t.stopsReturned)
 	t.stoppedDeleted = deleted
 	sctx, cancel := context.WithTimeout(t.base, t.w.stoppedTimeout)
-	t.stopErr = t.task.Stopped(sctx)
+	t.stopErr = guard("Stopped", func() error { return t.task.Stopped(sctx) })
 	cancel()
 	if t.stopErr != nil {
 		t.log.Error("task Stopped failed", "error", t.stopErr, "deleted", deleted)
@@ -477,7 +540,7 @@ func (w *Worker) stopTask(ctx context.Context, t *taskInstance, deleted bool) er
 	defer grace.Stop()
 	// The graceful timeout covers the final flush and commit too (contract
 	// rule 7); only Stopped, which may drop resources, has its own bound.
-	for _, ch := range []chan struct{}{t.loopDone, t.finalDone} {
+	for _, ch := range []chan struct{}{t.loopDone, t.finalDone, t.stopsReturned} {
 		select {
 		case <-ch:
 		case <-grace.C:

@@ -248,6 +248,11 @@ type connInstance struct {
 	finishDone chan struct{} // closed when Stopped returned; finishErr is its result
 	finishErr  error
 
+	// stopMu is held by Stop calls and while Stopped begins, so that no
+	// Stop overlaps or follows Stopped, without holding mu: a Stop that
+	// blocks must not hold up status reads and target changes.
+	stopMu sync.Mutex
+
 	mu           sync.Mutex
 	status       Status
 	target       TargetState
@@ -255,6 +260,25 @@ type connInstance struct {
 	finished     bool // finish began: Stop was called
 	stoppedBegun bool // Stopped was called: no more Stop calls
 	deleted      bool
+}
+
+// deliverStop calls Stop unless Stopped has begun, and reports whether it
+// did. Stop gets every deletion asked for so far, whatever this call asks.
+func (c *connInstance) deliverStop(deleted bool) bool {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	c.mu.Lock()
+	if c.stoppedBegun {
+		c.mu.Unlock()
+		return false
+	}
+	c.deleted = c.deleted || deleted
+	deleted = c.deleted
+	c.mu.Unlock()
+	if err := guard("Stop", func() error { c.conn.Stop(deleted); return nil }); err != nil {
+		c.host.Logger.Error("connector Stop failed", "error", err, "deleted", deleted)
+	}
+	return true
 }
 
 func (c *connInstance) setStatus(w *Worker, s Status) {
@@ -326,7 +350,7 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		err := conn.Start(c.ctx, run.Config.Clone())
+		err := guard("Start", func() error { return conn.Start(c.ctx, run.Config.Clone()) })
 		stopWatch()
 		close(c.startDone)
 		if err != nil {
@@ -360,14 +384,13 @@ func (c *connInstance) finish(w *Worker, deleted bool) error {
 		return nil
 	}
 	if c.finished {
-		late := false
-		if !c.stoppedBegun {
-			c.deleted = c.deleted || deleted
-			c.conn.Stop(deleted) // under c.mu: never overlaps Stopped
-		} else if deleted && !c.deleted {
-			late = true // Stopped began without deletion: too late to tell it
-		}
 		c.mu.Unlock()
+		late := false
+		if !c.deliverStop(deleted) {
+			c.mu.Lock()
+			late = deleted && !c.deleted // Stopped began without deletion: too late to tell it
+			c.mu.Unlock()
+		}
 		<-c.finishDone
 		if late {
 			return fmt.Errorf("worker: connector %s: its Stopped already ran with connectorDeleted=false, so nothing was cleaned up; complete the deletion with a CleanupOnly instance: %w", c.name, ErrAlreadyStopped)
@@ -375,18 +398,19 @@ func (c *connInstance) finish(w *Worker, deleted bool) error {
 		return c.finishErr
 	}
 	c.finished = true
-	c.deleted = c.deleted || deleted
 	c.cancel()
-	c.conn.Stop(deleted)
 	c.mu.Unlock()
+	c.deliverStop(deleted)
 	<-c.startDone // Stopped comes after Start returned, even if Stop raced it
+	c.stopMu.Lock()
 	c.mu.Lock()
 	c.stoppedBegun = true
 	deleted = c.deleted
 	c.mu.Unlock()
+	c.stopMu.Unlock()
 	sctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), c.host), w.stoppedTimeout)
 	defer cancel()
-	err := c.conn.Stopped(sctx)
+	err := guard("Stopped", func() error { return c.conn.Stopped(sctx) })
 	if err != nil {
 		c.host.Logger.Error("connector Stopped failed", "error", err, "deleted", deleted)
 		err = fmt.Errorf("worker: connector %s: Stopped: %w", c.name, err)
@@ -417,7 +441,11 @@ func (w *Worker) TaskConfigs(ctx context.Context, connector string) ([]map[strin
 	if err != nil || maxTasks < 1 {
 		return nil, fmt.Errorf("worker: connector %s: tasks.max must be a positive integer, got %q", connector, c.cfg[KeyTasksMax])
 	}
-	cfgs, err := c.conn.TaskConfigs(maxTasks)
+	var cfgs []connect.Config
+	err = guard("TaskConfigs", func() (err error) {
+		cfgs, err = c.conn.TaskConfigs(maxTasks)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("worker: connector %s: TaskConfigs: %w", connector, err)
 	}

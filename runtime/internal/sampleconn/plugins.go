@@ -40,6 +40,8 @@ const (
 	KeyBlockFlush   = "sample.block.flush"   // sink: Flush after Stop blocks until the test releases it (ignores ctx)
 	KeyFailOpen     = "sample.fail.open"     // sink: PartitionAware.Open returns an error
 	KeyBlockStopped = "sample.block.stopped" // connector and tasks: Stopped blocks until the test releases it (ignores ctx)
+	KeyBlockStop    = "sample.block.stop"    // connector and tasks: Stop blocks until the test releases it (a buggy plugin)
+	KeyPanic        = "sample.panic"         // connector and tasks: this call panics (a buggy plugin); see PanicCalls
 	KeyTaskID       = "sample.task.id"       // set by TaskConfigs
 	KeyPassword     = "sample.password"      // a secret, for masking tests
 	KeyURL          = "sample.url"           // a URL that may hold credentials
@@ -92,6 +94,8 @@ func commonDef() connect.ConfigDef {
 		{Name: KeyResources, Type: connect.TypeList, Doc: "Names of fake resources each instance owns from Start; dropped in Stopped after Stop(true).", Importance: connect.ImportanceMedium},
 		{Name: KeyFailStopped, Type: connect.TypeBoolean, Default: "false", Doc: "Stopped returns an error and keeps its resources.", Importance: connect.ImportanceLow},
 		{Name: KeyBlockStopped, Type: connect.TypeBoolean, Default: "false", Doc: "Stopped blocks, ignoring its context, until the test releases it (a slow cleanup).", Importance: connect.ImportanceLow},
+		{Name: KeyBlockStop, Type: connect.TypeBoolean, Default: "false", Doc: "Stop blocks until the test releases it, against the contract (limited by sample.fail.task).", Importance: connect.ImportanceLow},
+		{Name: KeyPanic, Type: connect.TypeString, Default: "", Doc: "The call that panics (limited by sample.fail.task): one of " + strings.Join(PanicCalls, ", ") + ", or empty for none.", Importance: connect.ImportanceLow, Validate: oneOf(append([]string{""}, PanicCalls...)...)},
 		{Name: KeyPassword, Type: connect.TypePassword, Doc: "A secret that must never be shown.", Importance: connect.ImportanceLow},
 		{Name: KeyURL, Type: connect.TypeString, Secret: true, Doc: "A URL whose credentials must be masked.", Importance: connect.ImportanceLow},
 	}
@@ -138,10 +142,15 @@ func Plugins(rec *Recorder) []connect.Plugin {
 	}
 }
 
+// PanicCalls are the calls sample.panic can name.
+var PanicCalls = []string{"Start", "TaskConfigs", "Poll", "Commit", "Put", "Flush", "Stop", "Stopped"}
+
 // knobs are the parsed settings shared by connectors and tasks.
 type knobs struct {
 	failStart, failStopped bool
 	blockStopped           bool
+	blockStop              bool
+	panicAt                string
 	failTask               int
 	failAfter              int
 	block                  string
@@ -159,6 +168,8 @@ func parseKnobs(def connect.ConfigDef, cfg connect.Config) (knobs, error) {
 	k.failStart, _ = cfg.Bool(KeyFailStart, false)
 	k.failStopped, _ = cfg.Bool(KeyFailStopped, false)
 	k.blockStopped, _ = cfg.Bool(KeyBlockStopped, false)
+	k.blockStop, _ = cfg.Bool(KeyBlockStop, false)
+	k.panicAt = cfg.String(KeyPanic)
 	k.failTask, _ = cfg.Int(KeyFailTask, -1)
 	k.failAfter, _ = cfg.Int(KeyFailAfter, -1)
 	k.block = cfg.String(KeyBlock)
@@ -198,7 +209,10 @@ func (l *lifecycle) start(ctx context.Context, instance string, def connect.Conf
 		l.rec.record(instance, "Start", err)
 		return err
 	}
-	l.knobs = k
+	l.mu.Lock()
+	l.knobs = k // under mu: Stop may run concurrently with Start
+	l.mu.Unlock()
+	l.maybePanic("Start")
 	if k.failStart && k.applies(l.host.Task) {
 		err := fmt.Errorf("%s: Start failed as %s asked", instance, KeyFailStart)
 		l.rec.record(instance, "Start", err)
@@ -242,12 +256,33 @@ func (l *lifecycle) stop(deleted bool) {
 		l.deleted = true
 	}
 	l.stopCalled = true
-	inst := l.instance
+	inst, k, host := l.instance, l.knobs, l.host
 	l.mu.Unlock()
 	l.rec.record(inst, fmt.Sprintf("Stop(%t)", deleted), nil)
+	if host != nil && k.applies(host.Task) {
+		if k.blockStop {
+			l.rec.record(inst, "Stop blocking", nil)
+			<-l.rec.releaseCh()
+		}
+		if k.panicAt == "Stop" {
+			panic(fmt.Sprintf("%s: Stop panics as %s asked", inst, KeyPanic))
+		}
+	}
+}
+
+// maybePanic panics if sample.panic names call (for this instance). Only
+// after Start parsed the knobs; Stop has its own check.
+func (l *lifecycle) maybePanic(call string) {
+	if l.knobs.panicAt == call && l.knobs.applies(l.host.Task) {
+		l.rec.record(l.instance, call+" panicking", nil)
+		panic(fmt.Sprintf("%s: %s panics as %s asked", l.instance, call, KeyPanic))
+	}
 }
 
 func (l *lifecycle) stopped(ctx context.Context) error {
+	if l.host != nil {
+		l.maybePanic("Stopped")
+	}
 	if l.knobs.blockStopped {
 		l.rec.record(l.instance, "Stopped blocking", nil)
 		<-l.rec.releaseCh()
@@ -309,6 +344,7 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 }
 
 func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
+	c.maybePanic("TaskConfigs")
 	c.rec.record(c.instance, fmt.Sprintf("TaskConfigs(%d)", maxTasks), nil)
 	out := make([]connect.Config, maxTasks)
 	for i := range out {

@@ -79,6 +79,7 @@ func position(off map[string]any) (int64, bool) {
 func Position(off map[string]any) (int64, bool) { return position(off) }
 
 func (t *SourceTask) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
+	t.maybePanic("Poll")
 	if err := t.maybeFailOrBlock(ctx, "Poll"); err != nil {
 		t.rec.record(t.instance, "Poll", err)
 		return nil, err
@@ -151,6 +152,7 @@ func (t *SourceTask) makeRecord(p int) connect.SourceRecord {
 }
 
 func (t *SourceTask) Commit(_ context.Context, acked []connect.SourceRecord) error {
+	t.maybePanic("Commit")
 	t.rec.addCommitted(t.host.Connector, acked)
 	t.rec.record(t.instance, fmt.Sprintf("Commit(%d)", len(acked)), nil)
 	return nil
@@ -192,6 +194,7 @@ func (t *SinkTask) Start(ctx context.Context, cfg connect.Config) error {
 }
 
 func (t *SinkTask) Put(ctx context.Context, records []connect.SinkRecord) error {
+	t.maybePanic("Put")
 	if err := t.maybeFailOrBlock(ctx, "Put"); err != nil {
 		t.rec.record(t.instance, fmt.Sprintf("Put(%d)", len(records)), err)
 		return err
@@ -227,6 +230,7 @@ func (t *SinkTask) Put(ctx context.Context, records []connect.SinkRecord) error 
 }
 
 func (t *SinkTask) Flush(context.Context) (map[connect.TopicPartition]int64, error) {
+	t.maybePanic("Flush")
 	t.mu.Lock()
 	stopped := t.stopCalled
 	t.mu.Unlock()

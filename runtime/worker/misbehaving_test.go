@@ -1,0 +1,194 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+)
+
+// Plugins that break the contract must not take the worker down with them:
+// a Stop that blocks, a call that panics.
+
+// within fails the test unless f returns before a deadline far beyond any
+// graceful timeout here: it tells "returns" from "waits for the plugin",
+// not a speed.
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s waits for a plugin call that does not return", what)
+	}
+}
+
+func TestTaskStopThatBlocksIsAbandonedNotWaitedFor(t *testing.T) {
+	e := newEnv(t, WithGracefulTimeout(200*time.Millisecond))
+	ctx := e.ctx()
+	name := testenv.Unique("blockstop-")
+	id, err := e.startTask(sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyCount, "-1", sampleconn.KeyRate, "100"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.await("a Commit", func() bool { return e.rec.CountPrefix(inst+" Commit(") > 0 })
+	var errs map[TaskID]error
+	within(t, "StopTasks (graceful timeout 200ms)", func() { errs = e.w.StopTasks(ctx, []TaskID{id}, false) })
+	if !errors.Is(errs[id], errAbandoned) {
+		t.Errorf("StopTasks with a Stop that blocks: %v, want the task abandoned", errs[id])
+	}
+	var s Status
+	within(t, "TaskStatus", func() { s, _ = e.w.TaskStatus(id) })
+	if !s.Abandoned {
+		t.Errorf("status while Stop blocks: %+v, want abandoned", s)
+	}
+	if n := e.rec.Count(inst + " Stopped"); n != 0 {
+		t.Errorf("Stopped was called while Stop had not returned (%d times)", n)
+	}
+	e.rec.ReleaseBlocked()
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+}
+
+func TestConnectorStopThatBlocksHoldsUpNoRead(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx()
+	name := testenv.Unique("blockstop-")
+	cfg := sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyResources, "r")
+	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.ConnectorInstance(name)
+	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := e.w.StopConnector(sctx, name, true); err == nil {
+		t.Fatal("StopConnector returned nil while Stop still blocks")
+	}
+	e.awaitCall(inst+" Stop blocking", 1)
+	var s Status
+	within(t, "ConnectorStatus", func() { s, _ = e.w.ConnectorStatus(name) })
+	if s.State != StateRunning {
+		t.Errorf("status while Stop blocks: %+v", s)
+	}
+	within(t, "SetTargetState", func() { e.w.SetTargetState(name, TargetPaused) })
+	e.rec.ReleaseBlocked()
+	e.awaitCall(inst+" Stopped", 1)
+	e.checkStoppedLast(inst)
+	if e.rec.ResourceExists(inst + "/r") {
+		t.Errorf("the deletion did not reach Stopped: %s still exists; calls: %v", inst+"/r", e.rec.CallsOf(inst))
+	}
+}
+
+// A panic in a task or connector call fails that instance, which still gets
+// Stop and Stopped (a panic in those is logged or returned), as Kafka
+// Connect's WorkerTask catches Throwable; the process and every other
+// instance go on.
+func TestPanicsFailTheInstanceNotTheWorker(t *testing.T) {
+	e := newEnv(t, WithGracefulTimeout(2*time.Second))
+	ctx := e.ctx()
+	awaitFailed := func(id TaskID, call string) {
+		t.Helper()
+		s := e.awaitTaskState(id, StateFailed)
+		if !strings.Contains(s.Trace, call+" panicked") || !strings.Contains(s.Trace, "goroutine") {
+			t.Errorf("%s: trace %q, want the panic and its stack", call, s.Trace)
+		}
+	}
+	// Stopped, exactly once and last (a panicking one got as far as its
+	// panic).
+	finalCall := func(inst, call string) {
+		t.Helper()
+		last := "Stopped"
+		if call == "Stopped" {
+			last = "Stopped panicking"
+		}
+		e.awaitCall(inst+" "+last, 1)
+		if calls := e.rec.CallsOf(inst); calls[len(calls)-1] != last || e.rec.Count(inst+" "+last) != 1 {
+			t.Errorf("%s (%s panics): %s must be called exactly once and last; calls: %v", inst, call, last, calls)
+		}
+	}
+	for _, call := range []string{"Start", "Poll", "Put", "Flush", "Stop", "Stopped"} {
+		{
+			name := testenv.Unique("panic-")
+			cfg := sourceConfig(name, name, sampleconn.KeyPanic, call)
+			if call == "Put" || call == "Flush" {
+				produce(t, e.brokers, name, 3, func(i int) string { return "v" })
+				cfg = sinkConfig(name, name, sampleconn.KeyPanic, call)
+			}
+			id, err := e.startTask(cfg, 0)
+			inst := sampleconn.TaskInstance(name, 0)
+			switch call {
+			case "Start":
+				if err == nil || !strings.Contains(err.Error(), "Start panicked") {
+					t.Errorf("StartTask: %v, want the panic", err)
+				}
+				awaitFailed(id, call)
+			case "Poll", "Put", "Flush":
+				if err != nil {
+					t.Fatal(err)
+				}
+				awaitFailed(id, call)
+			case "Stop", "Stopped":
+				if err != nil {
+					t.Fatal(err)
+				}
+				errs := e.w.StopTasks(ctx, []TaskID{id}, false)
+				if call == "Stopped" && (errs[id] == nil || !strings.Contains(errs[id].Error(), "Stopped panicked")) {
+					t.Errorf("StopTasks: %v, want Stopped's panic", errs[id])
+				}
+				if call == "Stop" && errs[id] != nil {
+					t.Errorf("StopTasks: %v, want nil (a panic in Stop is logged)", errs[id])
+				}
+			}
+			finalCall(inst, call)
+		}
+	}
+	for _, call := range []string{"Start", "TaskConfigs", "Stop", "Stopped"} {
+		{
+			name := testenv.Unique("panic-")
+			err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: sourceConfig(name, name, sampleconn.KeyPanic, call), Ledger: e.ledger, Target: TargetRunning})
+			inst := sampleconn.ConnectorInstance(name)
+			switch call {
+			case "Start":
+				if err == nil || !strings.Contains(err.Error(), "Start panicked") {
+					t.Errorf("StartConnector: %v, want the panic", err)
+				}
+				if s, _ := e.w.ConnectorStatus(name); s.State != StateFailed {
+					t.Errorf("status %+v, want FAILED", s)
+				}
+			case "TaskConfigs":
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.w.TaskConfigs(ctx, name); err == nil || !strings.Contains(err.Error(), "TaskConfigs panicked") {
+					t.Errorf("TaskConfigs: %v, want the panic", err)
+				}
+			default:
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = e.w.StopConnector(ctx, name, false)
+			if call == "Stopped" && (err == nil || !strings.Contains(err.Error(), "Stopped panicked")) {
+				t.Errorf("StopConnector: %v, want Stopped's panic", err)
+			}
+			if call != "Stopped" && err != nil {
+				t.Errorf("StopConnector (%s panics): %v", call, err)
+			}
+			finalCall(inst, call)
+		}
+	}
+	// The worker still runs tasks.
+	name := testenv.Unique("after-")
+	if _, err := e.startTask(sourceConfig(name, name), 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("a Commit of the task started after the panics", func() bool {
+		return e.rec.CountPrefix(sampleconn.TaskInstance(name, 0)+" Commit(") > 0
+	})
+}
