@@ -354,6 +354,12 @@ func startSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.
 }
 
 func tryStartSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.ErrantRecordReporter) (*sink, error) {
+	return tryStartSinkLogged(t, cfg, l, errs, nil)
+}
+
+// tryStartSinkLogged is tryStartSink with the task logging to lg (nil: the
+// default, warnings to stderr).
+func tryStartSinkLogged(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.ErrantRecordReporter, lg *slog.Logger) (*sink, error) {
 	name := cfg["name"]
 	s := &sink{t: t, name: name, ledger: l, conn: &Connector{}, task: &Task{}, errs: errs}
 	ctx := connect.WithHost(ctxT(t), testHost(name, -1, l, nil))
@@ -366,7 +372,11 @@ func tryStartSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs conne
 	if err != nil {
 		t.Fatal(err)
 	}
-	tctx := connect.WithHost(ctxT(t), testHost(name, 0, l, errs))
+	th := testHost(name, 0, l, errs)
+	if lg != nil {
+		th.Logger = lg.With("connector", name, "task", 0)
+	}
+	tctx := connect.WithHost(ctxT(t), th)
 	if err := s.task.Start(tctx, tcs[0]); err != nil {
 		s.task.Stop(false)
 		_ = s.task.Stopped(tctx)

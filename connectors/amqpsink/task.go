@@ -24,8 +24,11 @@ import (
 // offset below which every record is confirmed (or was reported as errant and
 // tolerated).
 //
-// Put, Flush, Open and Close run on the runtime's task goroutine; the only
-// other goroutine is each session's pump, which records confirms and returns.
+// Put, Flush, Open and Close run on the runtime's task goroutine; the other
+// goroutines are each session's pump, which records confirms, returns and
+// the broker's connection.blocked notifications, and the watcher of each Put
+// and Flush (guard), which cuts session I/O that Stop or the call's context
+// cannot reach otherwise.
 type Task struct {
 	s    *settings
 	host *connect.Host
@@ -41,6 +44,13 @@ type Task struct {
 	backlog []*entry // unconfirmed entries waiting for a session to publish on
 	// Counters for tests and logs.
 	reconnects, republished int
+	// out is the latest outage: when it began and the next backoff. A
+	// reconnect continues it (instead of starting a fresh one) while the
+	// sessions it opens are lost before the broker answered anything
+	// republished on them.
+	out outage
+	// io is the session I/O under way on the task goroutine.
+	io ioGuard
 	// resume holds, per partition, the next offset an interrupted Put had
 	// taken: the runtime puts the same batch again, and those records must
 	// not be published twice. Cleared by the next Put that completes.
@@ -103,7 +113,35 @@ type session struct {
 	returned map[string]string // message-id -> reply text; pump only
 	done     chan struct{}     // closed when the pump ends: the channel is gone
 	closeErr error             // why the channel closed; guarded by Task.mu
+	// republished counts the backlog messages connect published on it
+	// (task goroutine only); answered is set when the broker confirmed or
+	// nacked any message on it, cut when the task closed it because its I/O
+	// was stuck after a stop or the end of a call (both guarded by Task.mu).
+	republished int
+	answered    bool
+	cut         bool
+	// blocked is the broker's reason while it blocks the connection
+	// (connection.blocked: a memory or disk alarm), "" otherwise; guarded by
+	// Task.mu.
+	blocked string
 }
+
+// outage is the state of the reconnect loop carried from one reconnect to
+// the next.
+type outage struct {
+	since   time.Time // when it began; the reconnect timeout counts from here
+	backoff time.Duration
+}
+
+const (
+	minReconnectBackoff = 100 * time.Millisecond
+	maxReconnectBackoff = 5 * time.Second
+	// stuckIOGrace is how long a publish or declare under way may go on
+	// after the task was stopped or its call's context ended before the
+	// task closes the connection under it. A healthy broker finishes one in
+	// far less; a broker that blocks the connection never does.
+	stuckIOGrace = time.Second
+)
 
 var errStopping = errors.New("amqpsink task is stopping")
 
@@ -150,10 +188,17 @@ func (t *Task) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
+	// Registered before anything is sent, so a broker already blocking
+	// publishers is reported.
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	var ch *amqp.Channel
+	err = t.onConn(conn, "opening a confirm-mode channel", func() error {
+		var err error
+		if ch, err = conn.Channel(); err == nil {
+			err = ch.Confirm(false)
+		}
+		return err
+	})
 	if err != nil {
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return fmt.Errorf("opening a confirm-mode channel on RabbitMQ at %s: %w", connect.MaskCredentials(t.s.url), err)
@@ -164,17 +209,17 @@ func (t *Task) connect(ctx context.Context) error {
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, t.s.maxInFlight+64))
 	returns := ch.NotifyReturn(make(chan amqp.Return, t.s.maxInFlight+64))
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
-	go t.pump(sess, confirms, returns, closes)
+	go t.pump(sess, confirms, returns, closes, blocks)
 
 	t.mu.Lock()
 	t.sess = sess
 	t.mu.Unlock()
 	t.topo = &topology{s: t.s, conn: conn, ledger: t.host.Ledger, log: t.log}
-	if err := t.topo.ensureExchange(ctx); err != nil {
+	if err := t.onConn(conn, "declaring the exchange", func() error { return t.topo.ensureExchange(ctx) }); err != nil {
 		return err
 	}
 	for _, topic := range slices.Sorted(maps.Keys(t.known)) {
-		if err := t.topo.ensureTopic(ctx, topic); err != nil {
+		if err := t.onConn(conn, "declaring the queue of topic "+topic, func() error { return t.topo.ensureTopic(ctx, topic) }); err != nil {
 			return err
 		}
 	}
@@ -185,6 +230,7 @@ func (t *Task) connect(ctx context.Context) error {
 			t.backlog = append(t.backlog, backlog[i+1:]...)
 			return err
 		}
+		sess.republished++
 	}
 	t.republished += len(backlog)
 	if len(backlog) > 0 {
@@ -196,7 +242,7 @@ func (t *Task) connect(ctx context.Context) error {
 // pump records the broker's confirms and returns for one session. A return
 // is always sent before the confirm of the same message, so draining the
 // returns before handling a confirm sees it.
-func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error, blocks <-chan amqp.Blocking) {
 	var closeErr error
 	defer func() {
 		t.mu.Lock()
@@ -240,6 +286,25 @@ func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-
 				continue
 			}
 			sess.returned[r.MessageId] = fmt.Sprintf("%d %s (exchange %q, routing key %q)", r.ReplyCode, r.ReplyText, r.Exchange, r.RoutingKey)
+		case b, ok := <-blocks:
+			if !ok {
+				blocks = nil
+				continue
+			}
+			t.mu.Lock()
+			sess.blocked = ""
+			if b.Active {
+				sess.blocked = b.Reason
+				if sess.blocked == "" {
+					sess.blocked = "no reason given"
+				}
+			}
+			t.mu.Unlock()
+			if b.Active {
+				t.log.Warn("RabbitMQ blocked the connection: publishing waits until the broker unblocks it (a memory or disk alarm); Stop or the end of a call closes the connection and the unconfirmed messages are republished later", "reason", b.Reason)
+			} else {
+				t.log.Info("RabbitMQ unblocked the connection")
+			}
 		}
 	}
 }
@@ -253,6 +318,7 @@ func (t *Task) resolve(sess *session, c amqp.Confirmation) {
 		return
 	}
 	delete(sess.pending, c.DeliveryTag)
+	sess.answered = true
 	if r, ok := sess.returned[e.msgID]; ok {
 		delete(sess.returned, e.msgID)
 		reason = "unroutable: the broker returned it: " + r
@@ -281,7 +347,7 @@ func (t *Task) ensureTopic(ctx context.Context, topic string) error {
 	if t.known[topic] {
 		return nil
 	}
-	if err := t.topo.ensureTopic(ctx, topic); err != nil {
+	if err := t.onConn(t.topo.conn, "declaring the queue of topic "+topic, func() error { return t.topo.ensureTopic(ctx, topic) }); err != nil {
 		return err
 	}
 	t.known[topic] = true
@@ -321,7 +387,9 @@ func (t *Task) publish(ctx context.Context, sess *session, e *entry) error {
 	tag := sess.ch.GetNextPublishSeqNo()
 	sess.pending[tag] = e
 	t.mu.Unlock()
+	t.io.begin(sess.conn, "publishing")
 	err := sess.ch.Publish(t.s.exchange, t.s.routingKey(r.Topic, r.Partition, r.Key), true, false, t.message(r, e.msgID))
+	t.io.end()
 	if err != nil {
 		t.mu.Lock()
 		if sess.pending[tag] == e {
@@ -346,13 +414,45 @@ func (t *Task) stopping() bool {
 // reconnect replaces a lost session: close it, then dial, declare and
 // republish with capped exponential backoff until it works, the reconnect
 // timeout passes (an error: the task fails) or the task stops.
+//
+// A reconnect that works can still be followed at once by the loss of the
+// new channel, when the broker refuses what was republished on it for a
+// reason not classified as fatal (each republish closes the channel again).
+// So when the lost session was opened by a reconnect, had republished
+// messages and was lost before the broker answered any of them, the outage
+// goes on: the backoff continues where it was and the reconnect timeout
+// still counts from the outage's start. Any other loss, e.g. of a session
+// that got a confirm, that republished nothing, or that the task cut
+// itself, starts a fresh outage, so two unrelated outages close together
+// never add up.
 func (t *Task) reconnect(ctx context.Context) error {
+	t.mu.Lock()
+	lost := t.sess
+	t.mu.Unlock()
 	if err := t.closeSession(); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(t.s.reconnect)
-	backoff := 100 * time.Millisecond
+	var wait time.Duration
+	if goesOn, why := t.outageGoesOn(lost); goesOn {
+		if time.Since(t.out.since) > t.s.reconnect {
+			return fmt.Errorf("RabbitMQ has answered none of the republished messages for %v (%s): every reconnect since lost its channel before the broker confirmed anything, giving up: %w", t.s.reconnect, KeyReconnectTimeout, why)
+		}
+		wait = t.out.backoff
+		t.out.backoff = min(wait*2, maxReconnectBackoff)
+		t.log.Warn("the channel opened by the last reconnect was lost before RabbitMQ answered any republished message; backing off", "backoff", wait, "err", why)
+	} else {
+		t.out = outage{since: time.Now(), backoff: minReconnectBackoff}
+	}
+	deadline := t.out.since.Add(t.s.reconnect)
 	for attempt := 1; ; attempt++ {
+		if ctx.Err() != nil || t.stopping() {
+			return errStopping
+		}
+		if wait > 0 {
+			if err := t.sleep(ctx, wait); err != nil {
+				return err
+			}
+		}
 		err := t.connect(ctx)
 		if err == nil {
 			t.reconnects++
@@ -368,12 +468,25 @@ func (t *Task) reconnect(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("RabbitMQ has been unreachable for %v (%s), giving up: %w", t.s.reconnect, KeyReconnectTimeout, err)
 		}
-		t.log.Warn("reconnecting to RabbitMQ failed; retrying", "attempt", attempt, "backoff", backoff, "err", err)
-		if err := t.sleep(ctx, backoff); err != nil {
-			return err
-		}
-		backoff = min(backoff*2, 5*time.Second)
+		wait = t.out.backoff
+		t.out.backoff = min(wait*2, maxReconnectBackoff)
+		t.log.Warn("reconnecting to RabbitMQ failed; retrying", "attempt", attempt, "backoff", wait, "err", err)
 	}
+}
+
+// outageGoesOn reports whether the loss of lost (closed, its pump ended)
+// continues the latest outage, and why it was lost.
+func (t *Task) outageGoesOn(lost *session) (goesOn bool, why error) {
+	if lost == nil || t.out.since.IsZero() {
+		return false, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	why = lost.closeErr
+	if why == nil {
+		why = errors.New("the connection was lost")
+	}
+	return lost.republished > 0 && !lost.answered && !lost.cut, why
 }
 
 // sleep waits d, or returns errStopping when the task stops or ctx ends.
@@ -544,6 +657,7 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 	if t.fatal != nil {
 		return t.fatal
 	}
+	defer t.guard(ctx)()
 	defer func() {
 		if err == nil || t.fatal != nil {
 			t.resume = nil
@@ -698,6 +812,7 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 	if t.fatal != nil {
 		return t.offsets(), t.fatal
 	}
+	defer t.guard(ctx)()
 	// The runtime's final Flush comes after Stop: it still waits for the
 	// confirms of what is in flight, bounded by its ctx, so that a plain
 	// stop does not turn them into duplicates after the restart. It does
@@ -793,4 +908,119 @@ func (t *Task) Stop(connectorDeleted bool) {
 func (t *Task) Stopped(context.Context) error {
 	_ = t.closeSession()
 	return nil
+}
+
+// ioGuard records the session I/O under way on the task goroutine (a
+// publish, a declare), so that a stop or the end of the call's context can
+// cut it when the broker does not let it finish. A broker that blocks a
+// connection (connection.blocked, on a memory or disk alarm) stops reading
+// its socket: a publish then waits inside a socket write, holding
+// amqp091-go's locks, and nothing but closing the connection ends it
+// (amqp091-go looks at a context only before it starts writing).
+type ioGuard struct {
+	mu   sync.Mutex
+	conn *amqp.Connection // the connection of the operation under way; nil: none
+	what string
+	gen  uint64        // counts the operations begun
+	wake chan struct{} // closed by the next begin, when a watcher waits for one
+}
+
+func (g *ioGuard) begin(conn *amqp.Connection, what string) {
+	g.mu.Lock()
+	g.conn, g.what = conn, what
+	g.gen++
+	if g.wake != nil {
+		close(g.wake)
+		g.wake = nil
+	}
+	g.mu.Unlock()
+}
+
+func (g *ioGuard) end() {
+	g.mu.Lock()
+	g.conn, g.what = nil, ""
+	g.mu.Unlock()
+}
+
+// onConn runs fn, an operation on conn, as I/O that guard may cut.
+func (t *Task) onConn(conn *amqp.Connection, what string, fn func() error) error {
+	t.io.begin(conn, what)
+	defer t.io.end()
+	return fn()
+}
+
+// guard watches one Put or Flush until the returned release is called (it
+// ends and joins the watcher): once the task is stopped or ctx ends, session
+// I/O that is still under way stuckIOGrace later is cut.
+func (t *Task) guard(ctx context.Context) (release func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+		case <-t.stopCh:
+		}
+		t.cutStuckIO(done)
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// cutStuckIO closes the connection under any operation that is still the
+// one under way stuckIOGrace after it was seen, until done is closed. The
+// operation then fails; an unconfirmed message goes back to the backlog
+// (closeSession), to be republished by the next session, and a later Flush
+// never reports it.
+func (t *Task) cutStuckIO(done <-chan struct{}) {
+	var cut uint64
+	for {
+		g := &t.io
+		g.mu.Lock()
+		conn, what, gen := g.conn, g.what, g.gen
+		var wake chan struct{}
+		if conn == nil || gen == cut {
+			wake = make(chan struct{})
+			g.wake = wake
+		}
+		g.mu.Unlock()
+		if wake != nil {
+			select {
+			case <-done:
+				return
+			case <-wake:
+				continue
+			}
+		}
+		timer := time.NewTimer(stuckIOGrace)
+		select {
+		case <-done:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		g.mu.Lock()
+		stuck := g.conn == conn && g.gen == gen
+		g.mu.Unlock()
+		if !stuck {
+			continue
+		}
+		cut = gen
+		t.mu.Lock()
+		blocked := ""
+		if t.sess != nil && t.sess.conn == conn {
+			t.sess.cut = true
+			blocked = t.sess.blocked
+		}
+		t.mu.Unlock()
+		args := []any{"operation", what, "grace", stuckIOGrace}
+		if blocked != "" {
+			args = append(args, "blocked_by_broker", blocked)
+		}
+		t.log.Warn("session I/O did not finish after the task was stopped or its call ended (a broker that blocks or does not read the connection); closing the connection, the unconfirmed messages stay in the backlog", args...)
+		_ = conn.CloseDeadline(time.Now())
+	}
 }
