@@ -56,7 +56,8 @@ type SourceTask interface {
 type SinkTask interface {
 	Task
 	// Put delivers records. It may return before they are durable; Flush
-	// reports what is.
+	// reports what is. The slice is the task's to keep: the runtime never
+	// reuses it after a Put that returned nil.
 	Put(ctx context.Context, records []SinkRecord) error
 	// Flush makes delivered records durable where it can within ctx and
 	// returns, per partition, the offset of the next record to consume: every

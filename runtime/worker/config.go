@@ -211,6 +211,11 @@ func ValidateCommon(t connect.ConnectorType, cfg connect.Config) map[string][]st
 				}
 			}
 		}
+		if dlq := strings.TrimSpace(cfg[KeyDLQTopic]); dlq != "" && hasRegex {
+			if re, err := regexp.Compile(anchoredRegex(strings.TrimSpace(cfg[KeyTopicsRegex]))); err == nil && re.MatchString(dlq) {
+				errs[KeyDLQTopic] = append(errs[KeyDLQTopic], "the dead letter queue topic must not match topics.regex: the connector would consume its own errant records")
+			}
+		}
 	}
 	for k, v := range errs {
 		if len(v) == 0 {
@@ -282,3 +287,7 @@ func formatErrors(errs map[string][]string) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// anchoredRegex makes re match whole topic names, as Kafka Connect's
+// Pattern.matcher(topic).matches() does.
+func anchoredRegex(re string) string { return "^(?:" + re + ")$" }

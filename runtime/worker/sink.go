@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -72,7 +73,14 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 		kgo.SessionTimeout(sinkSessionTimeout),
 	}
 	if t.set.topicsRegex != "" {
-		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(t.set.topicsRegex))
+		// Kafka Connect matches whole topic names (Pattern.matches);
+		// franz-go matches anywhere in the name unless anchored.
+		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(anchoredRegex(t.set.topicsRegex)))
+		if t.set.dlqTopic != "" {
+			// Validation refuses a DLQ the regex matches; this keeps the
+			// sink from reading its own errant records regardless.
+			opts = append(opts, kgo.ConsumeExcludeTopics("^"+regexp.QuoteMeta(t.set.dlqTopic)+"$"))
+		}
 	} else {
 		opts = append(opts, kgo.ConsumeTopics(t.set.topics...))
 	}
@@ -203,8 +211,9 @@ func (s *sinkLoop) put() error {
 		}
 		return fmt.Errorf("Put: %w", err)
 	}
-	clear(s.pending)
-	s.pending = s.pending[:0]
+	// A fresh slice for the next batch: the task may keep the one it was
+	// given (Kafka Connect hands each put a new collection).
+	s.pending = nil
 	return nil
 }
 
@@ -225,6 +234,12 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 		offs, err = s.task.Flush(ctx)
 		return err
 	})
+	if rerr := t.errantErr(); rerr != nil && s.asyncErr == nil {
+		// A Report under errors.tolerance=none during Flush (a nack that
+		// arrived after Put returned) fails the task as one during Put
+		// does; on an idle topic no Put would come to notice it.
+		s.asyncErr = fmt.Errorf("Flush: %w", rerr)
+	}
 	if err != nil {
 		t.log.Error("Flush failed; offsets not committed", "error", err)
 		if isPanic(err) && s.asyncErr == nil {
