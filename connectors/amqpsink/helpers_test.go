@@ -244,9 +244,9 @@ func (b *broker) purge(queue string) {
 
 func rabbitmqctl(t testing.TB) string {
 	t.Helper()
-	p, err := exec.LookPath("rabbitmqctl")
+	p, err := lookRabbitmqctl()
 	if err != nil {
-		testenv.Skip(t, "rabbitmqctl is not on PATH: this test needs it to inspect or close broker connections")
+		testenv.Skip(t, "this test needs rabbitmqctl to inspect or close broker connections: %v", err)
 	}
 	return p
 }
@@ -443,7 +443,37 @@ func rec(topic string, partition int32, offset int64, key, value string) connect
 	return r
 }
 
-func lookRabbitmqctl() (string, error) { return exec.LookPath("rabbitmqctl") }
+var (
+	ctlOnce sync.Once
+	ctlPath string
+	ctlErr  error
+)
+
+// lookRabbitmqctl finds a rabbitmqctl that works for this user against the
+// broker the tests use: a service named by TIDYCONNECT_TEST_RABBITMQ_URL (a
+// local rabbitmqctl cannot reach a testcontainers broker), run as a user it
+// accepts (Debian's wrapper refuses all but root and rabbitmq).
+func lookRabbitmqctl() (string, error) {
+	ctlOnce.Do(func() {
+		if os.Getenv(testenv.RabbitMQEnv) == "" {
+			ctlErr = fmt.Errorf("the broker is not a local service (%s is unset)", testenv.RabbitMQEnv)
+			return
+		}
+		p, err := exec.LookPath("rabbitmqctl")
+		if err != nil {
+			ctlErr = errors.New("rabbitmqctl is not on PATH")
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, p, "-q", "list_vhosts").CombinedOutput(); err != nil {
+			ctlErr = fmt.Errorf("rabbitmqctl does not work here (run the tests as root or the rabbitmq user): %v: %s", err, strings.TrimSpace(string(out)))
+			return
+		}
+		ctlPath = p
+	})
+	return ctlPath, ctlErr
+}
 
 // suspendQueue suspends the process of classic queue q on vhost "/" (it
 // stops answering, as a stalled broker would) until the returned resume is
