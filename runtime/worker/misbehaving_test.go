@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,4 +192,44 @@ func TestPanicsFailTheInstanceNotTheWorker(t *testing.T) {
 	e.await("a Commit of the task started after the panics", func() bool {
 		return e.rec.CountPrefix(sampleconn.TaskInstance(name, 0)+" Commit(") > 0
 	})
+}
+
+// A connector started again while its previous instance's Stopped still
+// runs (a StopConnector whose caller gave up) waits for it: the two never
+// overlap, as for tasks.
+func TestConnectorRestartWaitsForPreviousStopped(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx()
+	name := testenv.Unique("connwait-")
+	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: sourceConfig(name, name, sampleconn.KeyBlockStopped, "true"), Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.ConnectorInstance(name)
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := e.w.StopConnector(sctx, name, false); err == nil {
+		t.Fatal("StopConnector returned nil while Stopped blocks")
+	}
+	e.awaitCall(inst+" Stopped blocking", 1)
+	started := make(chan error, 1)
+	go func() {
+		started <- e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: sourceConfig(name, name), Ledger: e.ledger, Target: TargetRunning})
+	}()
+	select {
+	case err := <-started:
+		t.Fatalf("StartConnector returned (%v) while the previous instance's Stopped was still running", err)
+	case <-time.After(300 * time.Millisecond): // a wait for something not to happen, not a speed
+	}
+	e.rec.ReleaseBlocked()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	calls := e.rec.CallsOf(inst)
+	stopped, restarted := slices.Index(calls, "Stopped"), slices.Index(calls[1:], "Start")+1
+	if stopped < 0 || restarted <= stopped {
+		t.Errorf("calls %v: the new instance's Start must follow the old instance's Stopped", calls)
+	}
+	if s, _ := e.w.ConnectorStatus(name); s.State != StateRunning {
+		t.Errorf("status %+v, want RUNNING", s)
+	}
 }

@@ -314,21 +314,45 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	host := w.host(run.Name, -1, run.Ledger, run.CleanupOnly, typ)
 	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target, startDone: make(chan struct{}), finishDone: make(chan struct{})}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		cancel()
-		return fmt.Errorf("worker: starting connector %s: %w", run.Name, ErrClosed)
-	}
-	if old, ok := w.connectors[run.Name]; ok {
+	for {
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			cancel()
+			return fmt.Errorf("worker: starting connector %s: %w", run.Name, ErrClosed)
+		}
+		old, ok := w.connectors[run.Name]
+		if !ok {
+			break
+		}
 		old.mu.Lock()
-		done := old.finished || !old.started
+		started, finished := old.started, old.finished
 		old.mu.Unlock()
-		if !done {
+		if started && !finished {
 			w.mu.Unlock()
 			cancel()
 			return fmt.Errorf("worker: connector %s: %w; stop it first", run.Name, ErrAlreadyExists)
 		}
+		if !started {
+			break // registered STOPPED: nothing was ever called on it
+		}
+		select {
+		case <-old.finishDone:
+			// Done; StopConnector forgets it any moment.
+		default:
+			// Its Stopped still runs (a StopConnector whose caller gave
+			// up): the new instance's Start must not overlap it, as a
+			// restarted task waits for its previous instance.
+			w.mu.Unlock()
+			select {
+			case <-old.finishDone:
+				continue
+			case <-ctx.Done():
+				cancel()
+				return fmt.Errorf("worker: connector %s: its previous instance is still in Stopped (%w); retry when it has finished", run.Name, ctx.Err())
+			}
+		}
+		break
 	}
 	w.connectors[run.Name] = c
 	w.mu.Unlock()
