@@ -29,6 +29,10 @@ func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
 	c, err := h.lookup(ctx, name)
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrNotFound) {
+			if c := h.get(name); c != nil && h.deletionOf(c) != nil {
+				// An earlier DELETE's attempt held it all along.
+				return fmt.Errorf("%w: a deletion of connector %s is already running (GET /connectors/%s/status shows its progress); retry DELETE to wait for it: %w", ErrRebalance, name, name, err)
+			}
 			// Another operation held the connector all along: the deletion
 			// did not begin, and nothing will carry it on.
 			return fmt.Errorf("%w: another operation on connector %s is still running, so its deletion did not start; retry DELETE: %w", ErrRebalance, name, err)
