@@ -1377,10 +1377,15 @@ func provisionOrder(s settings, n names, v sqlVars, db string, existing map[stri
 		if err := add("0005_commit_order.up.sql", "", fv); err != nil {
 			return nil, err
 		}
-		if !trigExists {
+		// A marked trigger the ledger no longer lists (a deletion with
+		// cleanup.on.delete=false released it) is taken back, as the other
+		// objects are (adopt in provision).
+		if !trigExists || (trigOurs && !slices.Contains(before, trigRes)) {
 			if err := own(trigRes); err != nil {
 				return nil, err
 			}
+		}
+		if !trigExists {
 			if err := add("0005_commit_order.up.sql", "trigger", tv); err != nil {
 				return nil, err
 			}
