@@ -82,7 +82,9 @@ type Ledger interface {
 // OffsetReader reads committed source offsets.
 type OffsetReader interface {
 	// Offset returns the last committed offset for a source partition, or
-	// nil when there is none.
+	// nil when there is none. It comes back as stored JSON reads back: a
+	// whole number as an exact int64 (Kafka Connect's Long), any other
+	// number as float64, strings, booleans, nested maps and slices.
 	Offset(ctx context.Context, partition map[string]any) (map[string]any, error)
 }
 

@@ -242,7 +242,7 @@ func TestSourceOffsetsEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := hs.h.Offsets(ctx, name)
-	if err != nil || len(got.Offsets) != 1 || got.Offsets[0].Offset["position"] != float64(41) {
+	if err != nil || len(got.Offsets) != 1 || got.Offsets[0].Offset["position"] != int64(41) {
 		t.Fatalf("offsets after alter = %+v, %v", got, err)
 	}
 	// Resumed, the task continues after the altered offset.

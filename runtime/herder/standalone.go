@@ -2,12 +2,15 @@ package herder
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -1451,6 +1454,11 @@ func (h *Standalone) sinkOffsets(ctx context.Context, name string) (ConnectorOff
 		return ConnectorOffsets{}, err
 	}
 	resp, err := h.adm.FetchOffsets(ctx, SinkGroup(name))
+	if isGroupGone(err) {
+		// No group yet (nothing consumed, or the offsets were reset): no
+		// offsets, as Kafka Connect answers, not a failure.
+		return ConnectorOffsets{Offsets: []worker.SourceOffset{}}, nil
+	}
 	if err != nil {
 		return ConnectorOffsets{}, fmt.Errorf("herder: fetching the offsets of consumer group %s (is Kafka reachable?): %w", SinkGroup(name), err)
 	}
@@ -1510,21 +1518,33 @@ func (h *Standalone) AlterOffsets(ctx context.Context, name string, offsets Conn
 	return nil
 }
 
-func asInt64(v any) (int64, bool) {
+// asInt reads a sink partition or offset number of at most bits bits: a
+// whole number, or a string of one (Kafka Connect accepts both "10" and
+// 10). Out of range is refused: a partition of 2^32 must not wrap around
+// to partition 0.
+func asInt(v any, bits int) (int64, bool) {
+	var s string
 	switch n := v.(type) {
 	case float64:
-		if n != float64(int64(n)) {
+		if n != math.Trunc(n) || math.Abs(n) >= 1<<63 {
 			return 0, false
 		}
-		return int64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int:
-		return int64(n), true
+		s = strconv.Itoa(n)
 	case int32:
-		return int64(n), true
+		s = strconv.FormatInt(int64(n), 10)
 	case int64:
-		return n, true
+		s = strconv.FormatInt(n, 10)
+	case json.Number:
+		s = n.String()
+	case string:
+		s = strings.TrimSpace(n)
+	default:
+		return 0, false
 	}
-	return 0, false
+	i, err := strconv.ParseInt(s, 10, bits)
+	return i, err == nil
 }
 
 func (h *Standalone) alterSinkOffsets(ctx context.Context, name string, offsets ConnectorOffsets) error {
@@ -1539,15 +1559,15 @@ func (h *Standalone) alterSinkOffsets(ctx context.Context, name string, offsets 
 		if !ok || topic == "" {
 			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition.kafka_topic must be a topic name", i))
 		}
-		part, ok := asInt64(o.Partition["kafka_partition"])
+		part, ok := asInt(o.Partition["kafka_partition"], 32)
 		if !ok || part < 0 {
-			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition.kafka_partition must be a partition number (0 or more)", i))
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition.kafka_partition must be a partition number (0 to 2147483647): %v", i, o.Partition["kafka_partition"]))
 		}
 		if o.Offset == nil {
 			del.Add(topic, int32(part))
 			continue
 		}
-		at, ok := asInt64(o.Offset["kafka_offset"])
+		at, ok := asInt(o.Offset["kafka_offset"], 64)
 		if !ok || at < 0 {
 			msgs = append(msgs, fmt.Sprintf("offsets[%d].offset.kafka_offset must be an offset (0 or more), or the whole offset null to reset", i))
 			continue

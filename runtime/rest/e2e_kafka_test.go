@@ -72,7 +72,7 @@ func newKafkaE2E(t *testing.T) *e2e {
 			t.Errorf("a secret reached the log:\n%s", s)
 		}
 	})
-	return &e2e{harness: newHarness(t, rest.New(h, rest.WithLogger(log)), logs), rec: rec, h: h}
+	return &e2e{harness: newHarness(t, rest.New(h, rest.WithLogger(log)), logs), rec: rec, h: h, seeds: seeds}
 }
 
 // eventually polls cond until it holds or the deadline passes.

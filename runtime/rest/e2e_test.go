@@ -26,8 +26,9 @@ var _ herder.Worker = (*syncworker.Worker)(nil)
 // the sample connectors, which record every lifecycle call.
 type e2e struct {
 	*harness
-	rec *sampleconn.Recorder
-	h   *herder.Standalone
+	rec   *sampleconn.Recorder
+	h     *herder.Standalone
+	seeds []string // Kafka, for newKafkaE2E
 }
 
 func newE2E(t *testing.T) *e2e {

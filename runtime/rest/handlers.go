@@ -452,13 +452,17 @@ func (s *server) alterOffsets(w http.ResponseWriter, r *http.Request) error {
 		var o worker.SourceOffset
 		if p, ok := e["partition"]; !ok || isNull(p) {
 			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition is required", i))
-		} else if err := json.Unmarshal(p, &o.Partition); err != nil {
-			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition must be an object", i))
+		} else if m, err := decodeOffsetObject(p); err != nil {
+			msgs = append(msgs, fmt.Sprintf("offsets[%d].partition must be an object%s", i, err))
+		} else {
+			o.Partition = m
 		}
 		// A null offset resets that partition, as in Kafka.
 		if p, ok := e["offset"]; ok && !isNull(p) {
-			if err := json.Unmarshal(p, &o.Offset); err != nil {
-				msgs = append(msgs, fmt.Sprintf("offsets[%d].offset must be an object or null", i))
+			if m, err := decodeOffsetObject(p); err != nil {
+				msgs = append(msgs, fmt.Sprintf("offsets[%d].offset must be an object or null%s", i, err))
+			} else {
+				o.Offset = m
 			}
 		}
 		for k := range e {
@@ -730,4 +734,49 @@ func jsonKind(raw json.RawMessage) string {
 		return "null"
 	}
 	return "a number"
+}
+
+// decodeOffsetObject decodes a partition or offset as the worker gives them
+// back (worker.DecodeOffsetJSON): a whole number exactly, as an int64, as
+// Kafka Connect keeps a Long. A whole number beyond 64 bits is refused
+// rather than rounded. The error reads as a continuation of "must be an
+// object".
+func decodeOffsetObject(raw json.RawMessage) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil || m == nil {
+		return nil, errors.New("")
+	}
+	if n, ok := wholeBeyond64Bits(m); ok {
+		return nil, fmt.Errorf(" of values within 64 bits: %s is too large (as in Kafka Connect, which keeps whole numbers as Long)", n)
+	}
+	if err := worker.OffsetNumbers(m); err != nil {
+		return nil, fmt.Errorf(": %v", err)
+	}
+	return m, nil
+}
+
+// wholeBeyond64Bits finds a whole number (no fraction or exponent) that
+// does not fit an int64.
+func wholeBeyond64Bits(v any) (json.Number, bool) {
+	switch x := v.(type) {
+	case json.Number:
+		if _, err := x.Int64(); err != nil && !strings.ContainsAny(x.String(), ".eE") {
+			return x, true
+		}
+	case map[string]any:
+		for _, e := range x {
+			if n, ok := wholeBeyond64Bits(e); ok {
+				return n, true
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if n, ok := wholeBeyond64Bits(e); ok {
+				return n, true
+			}
+		}
+	}
+	return "", false
 }

@@ -1,11 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -91,10 +93,31 @@ func readJSON(dir, name string, v any) (ok bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("store: reading %s: %w", filepath.Join(dir, name), err)
 	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return false, fmt.Errorf("store: %s is corrupt (restore it from a backup or remove it): %w", filepath.Join(dir, name), err)
+	// UseNumber: numbers in offsets must come back exact (load turns them
+	// into int64 or float64); the other files hold none in untyped fields.
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(v); err != nil {
+		return false, fmt.Errorf("store: %s is corrupt (%s): %w", filepath.Join(dir, name), corruptAdvice(name), err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("store: %s is corrupt (%s): data after the JSON value", filepath.Join(dir, name), corruptAdvice(name))
 	}
 	return true, nil
+}
+
+// corruptAdvice says what to do about a corrupt store file, which depends on
+// what removing it would lose.
+func corruptAdvice(name string) string {
+	switch name {
+	case "ledger.json":
+		return "restore it from a backup or repair the JSON by hand: removing it means no deletion ever drops the external resources it lists, so drop those by hand first"
+	case "deletion.json":
+		return "restore it from a backup or repair the JSON by hand: removing it abandons a deletion that has not finished, whose resources stay in ledger.json"
+	case "offsets.json":
+		return "restore it from a backup or repair the JSON by hand: removing it makes the connector's source tasks start again from the beginning"
+	}
+	return "restore it from a backup or repair the JSON by hand"
 }
 
 // removeTemps deletes temporary files a crash left in dir.

@@ -140,6 +140,13 @@ func (f *File) load() error {
 			return err
 		} else if ok {
 			for _, o := range od.Offsets {
+				// Decoded with UseNumber (readJSON): exact integers.
+				if err := worker.OffsetNumbers(o.Partition); err != nil {
+					return fmt.Errorf("store: %s: %w", filepath.Join(cdir, offsetsFile), err)
+				}
+				if err := worker.OffsetNumbers(o.Offset); err != nil {
+					return fmt.Errorf("store: %s: %w", filepath.Join(cdir, offsetsFile), err)
+				}
 				k, err := partitionKey(o.Partition)
 				if err != nil {
 					return fmt.Errorf("store: %s: %w", filepath.Join(cdir, offsetsFile), err)
@@ -300,18 +307,12 @@ func partitionKey(p map[string]any) (string, error) {
 }
 
 // normalize gives a value the shape it has after a JSON round trip, so an
-// offset read from the cache equals one read after a reopen.
+// offset read from the cache equals one read after a reopen: whole numbers
+// stay exact int64 (worker.DecodeOffsetJSON).
 func normalize(m map[string]any) (map[string]any, error) {
-	if m == nil {
-		return nil, nil
-	}
-	b, err := json.Marshal(m)
+	out, err := worker.NormalizeOffset(m)
 	if err != nil {
-		return nil, fmt.Errorf("offset %v cannot be encoded as JSON: %w", m, err)
-	}
-	var out map[string]any
-	if err := json.Unmarshal(b, &out); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("offset %w", err)
 	}
 	return out, nil
 }
@@ -346,11 +347,12 @@ func (f *File) Put(_ context.Context, connector string, offsets []worker.SourceO
 	}
 	var items []kv
 	for _, o := range offsets {
-		k, err := partitionKey(o.Partition)
+		p, err := normalize(o.Partition)
 		if err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
-		p, err := normalize(o.Partition)
+		// The key of what is stored, as load computes it.
+		k, err := partitionKey(p)
 		if err != nil {
 			return fmt.Errorf("store: %w", err)
 		}

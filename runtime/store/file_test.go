@@ -76,7 +76,7 @@ func TestPersistsAcrossReopen(t *testing.T) {
 			}
 			// The partition is found whatever its key order and number type.
 			off, err := f.Get(ctx, name, map[string]any{"n": float64(3), "table": "t1"})
-			if err != nil || off["id"] != float64(42) {
+			if err != nil || off["id"] != int64(42) {
 				t.Errorf("offset after reopen = %v, %v; want id 42", off, err)
 			}
 			led, _ := f.Ledger(name).List(ctx)
@@ -251,5 +251,74 @@ func TestEscapeNameDistinct(t *testing.T) {
 			t.Errorf("escapeName(%q) = escapeName(%q) = %q", n, prev, e)
 		}
 		seen[e] = n
+	}
+}
+
+// Whole numbers in source partitions and offsets come back exact, also past
+// 2^53 (a UnixNano watermark, a large sequence value) and after a reopen:
+// rounding them to float64 re-delivered or skipped records, and a partition
+// holding one was not found again after a restart.
+func TestOffsetsKeepWholeNumbersExact(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	f := openT(t, dir)
+	if err := f.PutConnector(ctx, ConnectorRecord{Name: "c", Config: connect.Config{"connector.class": "X"}}); err != nil {
+		t.Fatal(err)
+	}
+	const ts, shard int64 = 1700000000123456789, 9007199254740993
+	part := map[string]any{"shard": shard, "table": "t"}
+	off := map[string]any{"ts_ns": ts, "ratio": 0.5, "nested": map[string]any{"ids": []any{ts, 1}}}
+	if err := f.Put(ctx, "c", []worker.SourceOffset{{Partition: part, Offset: off}}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		got, err := f.Get(ctx, "c", part)
+		if err != nil || got == nil {
+			t.Fatalf("%s: offset of %v: %v, %v", when, part, got, err)
+		}
+		if got["ts_ns"] != ts || got["ratio"] != 0.5 {
+			t.Errorf("%s: offset %v (%T), want ts_ns=%d exactly and ratio 0.5", when, got, got["ts_ns"], ts)
+		}
+		if ids := got["nested"].(map[string]any)["ids"].([]any); ids[0] != ts || ids[1] != int64(1) {
+			t.Errorf("%s: nested %v, want [%d 1] as int64", when, ids, ts)
+		}
+	}
+	check("before a reopen")
+	f = reopen(t, f, dir)
+	check("after a reopen")
+	if err := f.Put(ctx, "c", []worker.SourceOffset{{Partition: part, Offset: map[string]any{"ts_ns": ts + 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := f.AllOffsets(ctx, "c")
+	if err != nil || len(all) != 1 || all[0].Offset["ts_ns"] != ts+1 || all[0].Partition["shard"] != shard {
+		t.Errorf("after another commit: %v (%v), want one entry with ts_ns=%d", all, err, ts+1)
+	}
+}
+
+// A corrupt ledger says what removing it would cost.
+func TestCorruptLedgerSaysWhatRemovingItCosts(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	f := openT(t, dir)
+	if err := f.PutConnector(ctx, ConnectorRecord{Name: "c", Config: connect.Config{"connector.class": "X"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Ledger("c").Own(ctx, connect.Resource{Kind: "k", Name: "n"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "connectors", "*", "ledger.json"))
+	if len(matches) != 1 {
+		t.Fatalf("ledger files: %v", matches)
+	}
+	if err := os.WriteFile(matches[0], []byte(`{"connector":"c","resources":[`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenFile(dir)
+	if err == nil || !strings.Contains(err.Error(), "ledger.json") || !strings.Contains(err.Error(), "drop those by hand") {
+		t.Errorf("opening with a corrupt ledger: %v, want the file named and the cost of removing it", err)
 	}
 }

@@ -9,7 +9,8 @@ import (
 
 // MemoryOffsetStore is an OffsetStore kept in memory, for tests and for
 // running without durable offsets. Offsets round-trip through JSON, as a
-// durable store would give them back (numbers become float64).
+// durable store would give them back (DecodeOffsetJSON: whole numbers as
+// int64, others as float64).
 type MemoryOffsetStore struct {
 	mu   sync.Mutex
 	data map[string]map[string]json.RawMessage // connector -> partition JSON -> offset JSON
@@ -32,8 +33,8 @@ func (s *MemoryOffsetStore) Get(_ context.Context, connector string, partition m
 	if !ok {
 		return nil, nil
 	}
-	var out map[string]any
-	if err := json.Unmarshal(raw, &out); err != nil {
+	out, err := DecodeOffsetJSON(raw)
+	if err != nil {
 		return nil, fmt.Errorf("offset store: decoding offset of %s: %w", key, err)
 	}
 	return out, nil
