@@ -82,17 +82,32 @@ func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 // flag (and variable) and what to fix.
 func parseStandalone(args []string, out io.Writer, lookupEnv func(string) (string, bool)) (*config, error) {
 	fs, cfg := newStandaloneFlags(io.Discard) // errors are reported once, below
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(out)
-			fs.Usage()
-			return nil, errHelp
+	// Flags may come before, between or after the connector files (the
+	// flag package alone stops at the first file); after "--" everything
+	// is a file.
+	var files []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fs.SetOutput(out)
+				fs.Usage()
+				return nil, errHelp
+			}
+			if m := badFlagValue.FindStringSubmatch(err.Error()); m != nil {
+				f := fs.Lookup(m[2])
+				return nil, &usageError{fmt.Sprintf("--%s (env %s): %q %s", m[2], envName(m[2]), m[1], typeHint(f))}
+			}
+			return nil, &usageError{fmt.Sprintf("%v; run with --help for the flags", err)}
 		}
-		if m := badFlagValue.FindStringSubmatch(err.Error()); m != nil {
-			f := fs.Lookup(m[2])
-			return nil, &usageError{fmt.Sprintf("--%s (env %s): %q %s", m[2], envName(m[2]), m[1], typeHint(f))}
+		if consumed := len(rest) - fs.NArg(); consumed > 0 && rest[consumed-1] == "--" {
+			files = append(files, fs.Args()...)
+			break
 		}
-		return nil, &usageError{fmt.Sprintf("%v; run with --help for the flags", err)}
+		if fs.NArg() == 0 {
+			break
+		}
+		files = append(files, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -109,7 +124,7 @@ func parseStandalone(args []string, out io.Writer, lookupEnv func(string) (strin
 			}
 		}
 	})
-	cfg.connectorFiles = fs.Args()
+	cfg.connectorFiles = files
 	for _, msg := range cfg.check() {
 		name, _, _ := strings.Cut(strings.TrimPrefix(msg, "--"), " ")
 		if !failed[name] { // a failed Set already explained this flag

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,13 @@ func TestParseStandalone(t *testing.T) {
 		{name: "bad bootstrap server", args: []string{"--bootstrap-servers", "kafka"}, wantErr: []string{"--bootstrap-servers", "host:port"}},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: []string{"-nope", "--help"}},
 		{name: "missing connector file", args: []string{"/does/not/exist.json"}, wantErr: []string{"/does/not/exist.json"}},
+		{name: "flags after and between connector files", args: []string{os.Args[0], "--rest-addr", "127.0.0.1:0", os.Args[0], "--data-dir=/tmp/x"},
+			check: func(t *testing.T, c *config) {
+				if c.restAddr != "127.0.0.1:0" || c.dataDir != "/tmp/x" || !slices.Equal(c.connectorFiles, []string{os.Args[0], os.Args[0]}) {
+					t.Errorf("parsed %+v", c)
+				}
+			}},
+		{name: "after -- everything is a file", args: []string{"--", "--rest-addr"}, wantErr: []string{"connector file --rest-addr"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
