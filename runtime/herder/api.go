@@ -151,6 +151,9 @@ var (
 	ErrNotFound      = errors.New("not found")                             // 404
 	ErrAlreadyExists = errors.New("already exists")                        // 409
 	ErrNotStopped    = errors.New("connector is not in the STOPPED state") // 400 for offsets changes
+	// ErrTaskNotFound is a task id the connector does not have (it is an
+	// ErrNotFound; an unknown connector is ErrNotFound itself).
+	ErrTaskNotFound = fmt.Errorf("%w: the connector has no such task", ErrNotFound)
 	ErrRebalance     = errors.New("rebalance in progress")                 // 409
 )
 

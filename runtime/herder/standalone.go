@@ -1316,7 +1316,7 @@ func (h *Standalone) RestartTask(ctx context.Context, id worker.TaskID) error {
 	}
 	defer c.unlock()
 	if id.Task < 0 || id.Task >= len(c.rec.Tasks) {
-		return ErrNotFound
+		return ErrTaskNotFound
 	}
 	h.logger(c).Info("restarting task", "task", id.Task)
 	h.stopTasksLocked(ctx, c, []worker.TaskID{id}, false)
@@ -1346,7 +1346,7 @@ func (h *Standalone) TaskStatus(ctx context.Context, id worker.TaskID) (TaskStat
 			return t, nil
 		}
 	}
-	return TaskStatus{}, ErrNotFound
+	return TaskStatus{}, ErrTaskNotFound
 }
 
 func (h *Standalone) instanceStatus(id worker.TaskID) (worker.Status, bool) {

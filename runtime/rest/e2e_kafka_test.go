@@ -187,7 +187,11 @@ func TestEndToEndKafka(t *testing.T) {
 		}
 		return n >= 2, fmt.Sprintf("position 10 of task 0 committed %d time(s)", n)
 	})
-	e.expect("DELETE", "/connectors/"+src+"/offsets", "", 400) // running
+	// Running: refused with Kafka Connect's sentence (the real herder wraps
+	// its error, which the fake does not).
+	if res := e.expect("DELETE", "/connectors/"+src+"/offsets", "", 400); !strings.Contains(string(res.Body), "must be in the STOPPED state before their offsets can be modified") {
+		t.Errorf("offsets reset while running: %s, want Kafka Connect's message", res.Body)
+	}
 
 	// A sink reading the topic; its offsets are the consumer group's.
 	e.expect("POST", "/connectors", fmt.Sprintf(`{"name":%q,"config":{"connector.class":"sample-sink","topics":%q}}`, sink, topic), 201)

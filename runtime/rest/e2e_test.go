@@ -309,7 +309,8 @@ func TestEndToEndBadInput(t *testing.T) {
 		{"sink without topics", "PUT", "/connectors/x/config", `{"connector.class":"sample-sink"}`, 400, []string{"topics"}},
 		{"name with slash", "POST", "/connectors", `{"name":"a/b","config":{"connector.class":"sample-sink","topics":"t"}}`, 400, []string{"'/'"}},
 		{"unknown connector", "PUT", "/connectors/x/stop", "", 404, nil},
-		{"unknown task", "GET", "/connectors/x/tasks/0/status", "", 404, nil},
+		{"task of an unknown connector", "GET", "/connectors/x/tasks/0/status", "", 404, []string{"Connector x not found"}},
+		{"task restart of an unknown connector", "POST", "/connectors/x/tasks/0/restart", "", 404, []string{"Connector x not found"}},
 		{"unknown plugin", "GET", "/connector-plugins/nope/config", "", 404, []string{"nope"}},
 	}
 	for _, tc := range tests {

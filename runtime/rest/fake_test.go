@@ -194,7 +194,7 @@ func (f *fakeHerder) TaskStatus(_ context.Context, id worker.TaskID) (herder.Tas
 			return t, nil
 		}
 	}
-	return herder.TaskStatus{}, herder.ErrNotFound
+	return herder.TaskStatus{}, herder.ErrTaskNotFound
 }
 
 func (f *fakeHerder) TaskConfigs(_ context.Context, name string) ([]herder.TaskInfo, error) {
@@ -376,7 +376,7 @@ func (f *fakeHerder) RestartTask(_ context.Context, id worker.TaskID) error {
 		return err
 	}
 	if id.Task >= c.tasks {
-		return herder.ErrNotFound
+		return herder.ErrTaskNotFound
 	}
 	delete(c.failed, id.Task)
 	return nil

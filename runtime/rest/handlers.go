@@ -334,8 +334,10 @@ func (s *server) getTaskStatus(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// taskErr names the task when the connector has no such task; an unknown
+// connector stays "Connector X not found", as in Kafka Connect.
 func taskErr(err error, id worker.TaskID) error {
-	if err == herder.ErrNotFound {
+	if errors.Is(err, herder.ErrTaskNotFound) {
 		return notFound(fmt.Sprintf("Task %d of connector %s not found", id.Task, id.Connector))
 	}
 	return err

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"path"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
@@ -303,8 +304,14 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		}
 	case errors.Is(err, herder.ErrNotStopped):
 		body.ErrorCode = http.StatusBadRequest
-		if err == herder.ErrNotStopped && conn != "" {
-			body.Message = "Connectors must be in the STOPPED state before their offsets can be modified; stop connector " + conn + " with PUT /connectors/" + conn + "/stop first"
+		if conn != "" {
+			// Kafka Connect's sentence first (clients match it), then the
+			// herder's detail when it has one (tasks that did not return).
+			msg := "Connectors must be in the STOPPED state before their offsets can be modified. This can be done for the specified connector by issuing a 'PUT' request to the '/connectors/" + conn + "/stop' endpoint"
+			if err != herder.ErrNotStopped && strings.Contains(err.Error(), "did not return") {
+				msg += "; " + err.Error()
+			}
+			body.Message = msg
 		}
 	case errors.Is(err, context.DeadlineExceeded):
 		body.ErrorCode = http.StatusInternalServerError

@@ -146,7 +146,7 @@ func TestEndpoints(t *testing.T) {
 			body: `{"offsets":[{"offset":{"id":7}},{"partition":3}], "extra":1}`, wantStatus: 400,
 			wantMsg: []string{"offsets[0].partition is required", "offsets[1].partition must be an object", `unknown field "extra"`}, wantCalls: []string{}},
 		{name: "alter offsets missing offsets", method: "PATCH", path: "/connectors/src/offsets", contentType: appJSON, body: `{}`, wantStatus: 400, wantMsg: []string{`"offsets" is required`}},
-		{name: "reset offsets while running", method: "DELETE", path: "/connectors/src/offsets", wantStatus: 400, wantMsg: []string{"STOPPED", "PUT /connectors/src/stop"}},
+		{name: "reset offsets while running", method: "DELETE", path: "/connectors/src/offsets", wantStatus: 400, wantMsg: []string{"must be in the STOPPED state", "'/connectors/src/stop' endpoint"}},
 		{name: "reset offsets stopped", prepare: func(f *fakeHerder) { f.connectors["src"].target = worker.TargetStopped }, method: "DELETE", path: "/connectors/src/offsets", wantStatus: 200,
 			wantBody: `{"message":"The offsets for this connector have been reset successfully"}`},
 		{name: "topics keyed by connector name", method: "GET", path: "/connectors/src/topics", wantStatus: 200, wantBody: `{"src":{"topics":["t1","t2"]}}`},
