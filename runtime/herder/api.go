@@ -154,7 +154,7 @@ var (
 	// ErrTaskNotFound is a task id the connector does not have (it is an
 	// ErrNotFound; an unknown connector is ErrNotFound itself).
 	ErrTaskNotFound = fmt.Errorf("%w: the connector has no such task", ErrNotFound)
-	ErrRebalance     = errors.New("rebalance in progress")                 // 409
+	ErrRebalance    = errors.New("rebalance in progress") // 409
 )
 
 // ConfigError is a rejected configuration: every bad field with its
