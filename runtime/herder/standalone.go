@@ -1231,7 +1231,14 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 	defer c.unlock()
 	st := h.statusOf(c)
 	if c.rec.Target == worker.TargetStopped {
-		return st, nil // nothing runs, nothing to restart
+		// Nothing runs, so nothing restarts: the connector comes back in
+		// its target state at once. The answer still shows RESTARTING,
+		// as Kafka Connect's restart plan does (AbstractHerder).
+		if !onlyFailed || st.Connector.State == worker.StateFailed {
+			st.Connector.State = worker.StateRestarting
+			st.Connector.Trace = ""
+		}
+		return st, nil
 	}
 	restartConn := !onlyFailed || st.Connector.State == worker.StateFailed
 	var restartTasks []worker.TaskID

@@ -373,3 +373,22 @@ func TestEndToEndPlugins(t *testing.T) {
 		t.Errorf("root %v", root)
 	}
 }
+
+// Restarting a STOPPED connector starts nothing; the 202 answer shows it
+// RESTARTING, as Kafka Connect's restart plan does, and it reads STOPPED
+// again afterwards.
+func TestEndToEndRestartStopped(t *testing.T) {
+	e := newE2E(t)
+	e.expect("POST", "/connectors", `{"name":"s","config":{"connector.class":"sample-source","sample.topic":"t"},"initial_state":"STOPPED"}`, 201)
+	mark := e.mark()
+	res := e.expect("POST", "/connectors/s/restart?includeTasks=true", "", 202)
+	if !strings.Contains(string(res.Body), `"state":"RESTARTING"`) {
+		t.Errorf("202 body %s, want the connector RESTARTING", res.Body)
+	}
+	if calls := e.callsSince(mark); len(calls) != 0 {
+		t.Errorf("restarting a STOPPED connector called %v", calls)
+	}
+	if got := e.states("s"); got != "STOPPED" {
+		t.Errorf("states after the restart: %q, want STOPPED", got)
+	}
+}
