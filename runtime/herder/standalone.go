@@ -1195,6 +1195,12 @@ func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.Tar
 		return err
 	}
 	h.logger(c).Info("connector target state changed", "target_state", t)
+	if wasStopped && t == worker.TargetPaused {
+		// As Kafka Connect (WorkerConnector.suspend): pausing a STOPPED
+		// connector starts nothing, no Start (which may provision) and no
+		// tasks; it reads PAUSED, and resume starts it.
+		return nil
+	}
 	if wasStopped || !c.inWorker {
 		h.startLocked(ctx, c)
 		return nil
@@ -1398,6 +1404,8 @@ func (h *Standalone) statusOf(c *conn) ConnectorStatus {
 		s = worker.Status{State: worker.StateFailed, Trace: failure}
 	case rec.Target == worker.TargetStopped:
 		s = worker.Status{State: worker.StateStopped}
+	case rec.Target == worker.TargetPaused && !ok:
+		s = worker.Status{State: worker.StatePaused} // paused while STOPPED: not started
 	case ok:
 	default:
 		s = worker.Status{State: worker.StateUnassigned}

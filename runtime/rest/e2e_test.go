@@ -392,3 +392,20 @@ func TestEndToEndRestartStopped(t *testing.T) {
 		t.Errorf("states after the restart: %q, want STOPPED", got)
 	}
 }
+
+// Pausing a STOPPED connector starts nothing (no Start, which may
+// provision, and no tasks), as Kafka Connect's WorkerConnector only changes
+// its state; resume starts it.
+func TestEndToEndPauseStopped(t *testing.T) {
+	e := newE2E(t)
+	e.expect("POST", "/connectors", `{"name":"p","config":{"connector.class":"sample-source","sample.topic":"t","tasks.max":"2"},"initial_state":"STOPPED"}`, 201)
+	mark := e.mark()
+	e.expect("PUT", "/connectors/p/pause", "", 202)
+	if got, calls := e.states("p"), e.callsSince(mark); got != "PAUSED" || len(calls) != 0 {
+		t.Errorf("STOPPED then paused: states %q, calls %v; want PAUSED with no tasks, nothing called", got, calls)
+	}
+	e.expect("PUT", "/connectors/p/resume", "", 202)
+	if got := e.states("p"); got != "RUNNING RUNNING RUNNING" {
+		t.Errorf("resumed: states %q, want the connector and its two tasks RUNNING", got)
+	}
+}
