@@ -1717,6 +1717,17 @@ func (h *Standalone) PluginConfig(_ context.Context, class string) (connect.Conf
 	return p.NewConnector().Spec().Config, nil
 }
 
+// SamePlugin reports whether two connector.class values name the same
+// installed plugin (a class and its aliases do).
+func (h *Standalone) SamePlugin(a, b string) bool {
+	pa, ok := h.plugins.Lookup(strings.TrimSpace(a))
+	if !ok {
+		return false
+	}
+	pb, ok := h.plugins.Lookup(strings.TrimSpace(b))
+	return ok && pa.Class == pb.Class
+}
+
 func (h *Standalone) Validate(ctx context.Context, class string, cfg connect.Config) (Validation, error) {
 	p, ok := h.plugins.Lookup(class)
 	if !ok {

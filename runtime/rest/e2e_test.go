@@ -409,3 +409,22 @@ func TestEndToEndPauseStopped(t *testing.T) {
 		t.Errorf("resumed: states %q, want the connector and its two tasks RUNNING", got)
 	}
 }
+
+// A plugin's class and its alias are the same plugin to validate, either
+// way round; another plugin is still a 400.
+func TestEndToEndValidateAlias(t *testing.T) {
+	e := newE2E(t)
+	for _, c := range []struct {
+		path, class string
+		status      int
+	}{
+		{"sample-source", "SampleSource", 200},
+		{"SampleSource", "sample-source", 200},
+		{"sample-source", "sample-sink", 400},
+	} {
+		res := e.do("PUT", "/connector-plugins/"+c.path+"/config/validate", `{"connector.class":"`+c.class+`","sample.topic":"t","name":"x"}`, appJSON)
+		if res.Status != c.status {
+			t.Errorf("path %s, connector.class %s: %d %s, want %d", c.path, c.class, res.Status, res.Body, c.status)
+		}
+	}
+}

@@ -575,8 +575,9 @@ func (s *server) validate(w http.ResponseWriter, r *http.Request) error {
 	if len(msgs) > 0 {
 		return badRequest("invalid config to validate: " + strings.Join(msgs, "; "))
 	}
-	// Kafka rejects a body naming another class than the path.
-	if c, ok := cfg["connector.class"]; ok && c != "" && !samePlugin(c, class) {
+	// Kafka rejects a body naming another class than the path; a class and
+	// its alias are the same plugin.
+	if c, ok := cfg["connector.class"]; ok && c != "" && !s.samePlugin(c, class) {
 		return badRequest(fmt.Sprintf("included connector type %s does not match request type %s; make connector.class equal the plugin in the path", c, class))
 	}
 	cfg["connector.class"] = class
@@ -599,9 +600,25 @@ func looksLikeCreateBody(raw json.RawMessage) bool {
 	return ok && len(bytes.TrimSpace(c)) > 0 && bytes.TrimSpace(c)[0] == '{'
 }
 
-// samePlugin compares connector.class values as Kafka does: by the class's
-// simple name, with or without the "Connector" suffix.
-func samePlugin(a, b string) bool {
+// pluginResolver is implemented by an API that knows the installed plugins
+// and their aliases (herder.Standalone).
+type pluginResolver interface {
+	SamePlugin(a, b string) bool
+}
+
+// samePlugin says whether two connector.class values name one plugin: by
+// the installed plugins and their aliases when the API knows them, else as
+// Kafka compares names.
+func (s *server) samePlugin(a, b string) bool {
+	if pr, ok := s.api.(pluginResolver); ok && pr.SamePlugin(a, b) {
+		return true
+	}
+	return samePluginName(a, b)
+}
+
+// samePluginName compares connector.class values as Kafka does: by the
+// class's simple name, with or without the "Connector" suffix.
+func samePluginName(a, b string) bool {
 	norm := func(s string) string {
 		s = strings.ToLower(s)
 		if i := strings.LastIndexByte(s, '.'); i >= 0 {
