@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -645,6 +646,15 @@ func readRaw(r *http.Request, want string) (json.RawMessage, error) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		return nil, badRequest("request body is empty; send " + want)
+	}
+	// As Kafka Connect (@Consumes JSON): a body declared as something else
+	// is 415, e.g. curl -d without -H, which sends a form type. A request
+	// without a Content-Type is read as JSON.
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" && !strings.HasSuffix(mt, "+json") {
+			return nil, &httpError{status: http.StatusUnsupportedMediaType, msg: fmt.Sprintf("HTTP 415 Unsupported Media Type: the body is declared as %q; send %s with Content-Type: application/json", ct, want)}
+		}
 	}
 	if !json.Valid(body) {
 		return nil, badRequest(syntaxMessage(body, want))

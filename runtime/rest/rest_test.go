@@ -191,6 +191,14 @@ func TestEndpoints(t *testing.T) {
 			wantBody:   `{"name":"new","type":"sink","tasks":[{"connector":"new","task":0}],"config":{"connector.class":"sample.Sink","name":"new","tasks.max":"2","flag":"true"}}`,
 			wantCalls:  []string{"CreateConnector new RUNNING"}},
 		{name: "validate unknown plugin", method: "PUT", path: "/connector-plugins/nope/config/validate", contentType: appJSON, body: `{}`, wantStatus: 404},
+		// As Kafka Connect: a body declared as something else than JSON is
+		// 415 (curl -d without -H sends a form type); none is read as JSON.
+		{name: "create with a form content type", method: "POST", path: "/connectors", contentType: "application/x-www-form-urlencoded",
+			body: `{"name":"new","config":{"connector.class":"sample.Sink"}}`, wantStatus: 415, wantMsg: []string{"Content-Type: application/json"}, wantCalls: []string{}},
+		{name: "put config as text", method: "PUT", path: "/connectors/src/config", contentType: "text/plain",
+			body: `{"connector.class":"sample.Source"}`, wantStatus: 415, wantMsg: []string{"text/plain"}, wantCalls: []string{}},
+		{name: "json with a charset", method: "PUT", path: "/connector-plugins/sample.Source/config/validate", contentType: "application/json; charset=utf-8",
+			body: `{"topic":"t"}`, wantStatus: 200},
 
 		// Creation and config changes.
 		{name: "create", method: "POST", path: "/connectors", contentType: appJSON,
