@@ -20,6 +20,7 @@ type config struct {
 	dataDir           string
 	bootstrapServers  string
 	embeddedKafkaAddr string
+	embeddedKafkaSync bool
 	workerID          string
 	logFormat         string
 	logLevel          string
@@ -49,6 +50,7 @@ func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 	fs.StringVar(&cfg.dataDir, "data-dir", "./data", "`directory` for connector configs, offsets, ledgers, deletion intents and the embedded broker's data")
 	fs.StringVar(&cfg.bootstrapServers, "bootstrap-servers", "", "Kafka `brokers` (host:port, comma separated); empty starts the embedded broker")
 	fs.StringVar(&cfg.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "`host:port` of the embedded broker (127.0.0.1 only; port 0 picks a free one)")
+	fs.BoolVar(&cfg.embeddedKafkaSync, "embedded-kafka-sync", true, "fsync every batch the embedded broker writes: sources may drop what Kafka acknowledged (pgaudit deletes its audit rows) and this single broker has no replica, so without it a power loss can lose changes (`bool`; false trades that for throughput)")
 	fs.StringVar(&cfg.workerID, "worker-id", "", "worker `id` reported in statuses (default: host:port of the REST API)")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")

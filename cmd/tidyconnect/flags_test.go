@@ -26,17 +26,17 @@ func TestParseStandalone(t *testing.T) {
 		{name: "defaults", check: func(t *testing.T, c *config) {
 			if c.restAddr != ":8083" || c.dataDir != "./data" || c.bootstrapServers != "" || c.embeddedKafkaAddr != "127.0.0.1:9092" ||
 				c.logFormat != "text" || c.logLevel != "info" || c.gracefulTimeout != 5*time.Second || c.deleteTimeout != 30*time.Second ||
-				c.topicPartitions != 1 || c.topicReplication != 1 || c.workerID != "" {
+				c.topicPartitions != 1 || c.topicReplication != 1 || c.workerID != "" || !c.embeddedKafkaSync {
 				t.Errorf("defaults = %+v", c)
 			}
 		}},
 		{name: "env fills flags", env: map[string]string{
 			"TIDYCONNECT_REST_ADDR": "127.0.0.1:9000", "TIDYCONNECT_DATA_DIR": "/tmp/x", "TIDYCONNECT_BOOTSTRAP_SERVERS": "a:9092,b:9092",
 			"TIDYCONNECT_LOG_FORMAT": "json", "TIDYCONNECT_GRACEFUL_TIMEOUT": "2s", "TIDYCONNECT_TOPIC_REPLICATION_FACTOR": "-1",
-			"TIDYCONNECT_WORKER_ID": "w1",
+			"TIDYCONNECT_WORKER_ID": "w1", "TIDYCONNECT_EMBEDDED_KAFKA_SYNC": "false",
 		}, check: func(t *testing.T, c *config) {
 			if c.restAddr != "127.0.0.1:9000" || c.dataDir != "/tmp/x" || c.bootstrapServers != "a:9092,b:9092" || c.logFormat != "json" ||
-				c.gracefulTimeout != 2*time.Second || c.topicReplication != -1 || c.workerID != "w1" {
+				c.gracefulTimeout != 2*time.Second || c.topicReplication != -1 || c.workerID != "w1" || c.embeddedKafkaSync {
 				t.Errorf("from env = %+v", c)
 			}
 		}},

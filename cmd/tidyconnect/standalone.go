@@ -172,8 +172,11 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		seeds = servers
 		log.Info("using Kafka cluster", "bootstrap_servers", seeds)
 	} else {
-		emb, err := kafka.StartEmbedded(ctx, filepath.Join(cfg.dataDir, "kafka"), cfg.embeddedKafkaAddr,
-			kafka.WithEmbeddedLogger(log), kafka.WithDefaultPartitions(max(cfg.topicPartitions, 1)))
+		eopts := []kafka.EmbeddedOpt{kafka.WithEmbeddedLogger(log), kafka.WithDefaultPartitions(max(cfg.topicPartitions, 1))}
+		if cfg.embeddedKafkaSync {
+			eopts = append(eopts, kafka.WithSyncWrites())
+		}
+		emb, err := kafka.StartEmbedded(ctx, filepath.Join(cfg.dataDir, "kafka"), cfg.embeddedKafkaAddr, eopts...)
 		if err != nil {
 			return fmt.Errorf("starting the embedded Kafka broker (set --bootstrap-servers to use a cluster instead): %w", err)
 		}
