@@ -29,10 +29,14 @@ func ConnectionName(connector string, task int) string {
 	return fmt.Sprintf("tidyconnect:%s:%d", connector, task)
 }
 
-// dial opens a connection to the broker; ctx bounds the TCP dial.
+// dial opens a connection to the broker; ctx bounds the TCP dial and the
+// AMQP handshake.
 func dial(ctx context.Context, s *settings, name string) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
+	// cut ends a handshake in progress when ctx ends (a broker that accepts
+	// but does not answer held a Stop or a shutdown for the full 15 s).
+	var cut func() bool
 	conn, err := amqp.DialConfig(s.url, amqp.Config{
 		Properties: props,
 		Heartbeat:  10 * time.Second,
@@ -46,9 +50,18 @@ func dial(ctx context.Context, s *settings, name string) (*amqp.Connection, erro
 			// The handshake must finish in bounded time too; amqp091 clears
 			// the deadline once the connection is open.
 			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+			cut = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 			return c, nil
 		},
 	})
+	if cut != nil && !cut() {
+		// ctx ended: the handshake was cut, or the deadline may be set on
+		// the open connection.
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, fmt.Errorf("connecting to RabbitMQ at %s: interrupted: %w", connect.MaskCredentials(s.url), context.Cause(ctx))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %s; check %s and that the broker is running and reachable",
 			connect.MaskCredentials(s.url), connect.MaskCredentials(err.Error()), KeyURL)
