@@ -629,11 +629,18 @@ func (w *Worker) Close(ctx context.Context) error {
 		w.mu.Lock()
 		var stuck []string
 		for id := range w.tasks {
-			stuck = append(stuck, fmt.Sprintf("%s-%d", id.Connector, id.Task))
+			stuck = append(stuck, fmt.Sprintf("task %s-%d", id.Connector, id.Task))
+		}
+		for name := range w.connectors {
+			stuck = append(stuck, "connector "+name)
 		}
 		w.mu.Unlock()
 		slices.Sort(stuck)
-		errs = append(errs, fmt.Errorf("worker: closing: tasks still blocked in Poll/Put: [%s]: %w", strings.Join(stuck, ", "), ctx.Err()))
+		what := "plugin calls that did not return (Start, Poll/Put, Stop or Stopped)"
+		if len(stuck) > 0 {
+			what = "instances still in a plugin call (Start, Poll/Put, Stop or Stopped): " + strings.Join(stuck, ", ")
+		}
+		errs = append(errs, fmt.Errorf("worker: closing: %s: %w", what, ctx.Err()))
 		// The waiter above ends when they return; its channel is dropped.
 	}
 	w.adminOnce.Do(func() {}) // synchronises with a concurrent first use
