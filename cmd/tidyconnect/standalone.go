@@ -239,6 +239,13 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 	}
 
+	if ctx.Err() != nil {
+		// A signal during start-up (a boot deletion can take a while):
+		// shut down now rather than create connectors and open the API.
+		log.Info("shutting down during start-up (connectors are stopped, never deleted)")
+		closeHerder()
+		return nil
+	}
 	for _, cf := range files {
 		_, err := h.CreateConnector(ctx, cf.name, cf.config, cf.initial)
 		switch {
