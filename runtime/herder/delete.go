@@ -212,6 +212,14 @@ func (h *Standalone) cleanupOnlyLocked(ctx context.Context, c *conn, cfg connect
 // intent last.
 func (h *Standalone) forget(ctx context.Context, c *conn) error {
 	name := c.name
+	// The config record first: the store refuses ledger entries and
+	// offsets for a connector without one, so a late Own or commit of an
+	// instance that outlived its Stopped cannot leave an orphan ledger or
+	// stale offsets for a connector created later under the name. The
+	// intent, removed last, still finishes a forget cut short by a crash.
+	if err := h.store.DeleteConnector(ctx, name); err != nil {
+		return err
+	}
 	if err := h.store.DeleteOffsets(ctx, name); err != nil {
 		return err
 	}
@@ -226,7 +234,7 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 	if r, ok := h.w.(interface{ ResetTopics(string) }); ok {
 		r.ResetTopics(name)
 	}
-	for _, step := range []func(context.Context, string) error{h.store.DeleteLedger, h.store.ResetTopics, h.store.DeleteConnector, h.store.DeleteIntent} {
+	for _, step := range []func(context.Context, string) error{h.store.DeleteLedger, h.store.ResetTopics, h.store.DeleteIntent} {
 		if err := step(ctx, name); err != nil {
 			return err
 		}
