@@ -233,3 +233,85 @@ func TestConnectorRestartWaitsForPreviousStopped(t *testing.T) {
 		t.Errorf("status %+v, want RUNNING", s)
 	}
 }
+
+// A deletion asked for while the Stop(false) of a failed task still runs
+// (before Stopped began) reaches the task: Stop(true), then a Stopped that
+// cleans up, not "Stopped already ran without the deletion".
+func TestDeletionDuringAFailedTasksStopIsDelivered(t *testing.T) {
+	e := newEnv(t, WithGracefulTimeout(10*time.Second))
+	ctx := e.ctx()
+	name := testenv.Unique("lostdel-")
+	id, err := e.startTask(sourceConfig(name, name, sampleconn.KeyCount, "-1", sampleconn.KeyRate, "100",
+		sampleconn.KeyFailAfter, "3", sampleconn.KeyBlockStop, "true"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.awaitTaskState(id, StateFailed)
+	e.awaitCall(inst+" Stop blocking", 1) // the failure's Stop(false) runs; Stopped has not begun
+	if n := e.rec.Count(inst + " Stopped"); n != 0 {
+		t.Fatal("Stopped already called")
+	}
+	stopped := make(chan map[TaskID]error, 1)
+	go func() { stopped <- e.w.StopTasks(ctx, []TaskID{id}, true) }()
+	// Released once the deletion is recorded: its Stop(true) call waits
+	// behind the blocked Stop(false).
+	e.await("the deletion's Stop queued", func() bool {
+		e.w.mu.Lock()
+		ti := e.w.tasks[id]
+		e.w.mu.Unlock()
+		if ti == nil {
+			return false
+		}
+		ti.mu.Lock()
+		defer ti.mu.Unlock()
+		return ti.deleted
+	})
+	e.rec.ReleaseBlocked()
+	if err := (<-stopped)[id]; err != nil {
+		t.Errorf("StopTasks(deleted) asked before Stopped began: %v; calls %v", err, e.rec.CallsOf(inst))
+	}
+	calls := e.rec.CallsOf(inst)
+	if !slices.Contains(calls, "Stop(true)") || calls[len(calls)-1] != "Stopped" {
+		t.Errorf("calls %v: want Stop(true) delivered before the final Stopped", calls)
+	}
+}
+
+// A deletion asked for while a plain Stop of the connector still runs
+// reaches it whichever goes first afterwards: Stop(true), then a Stopped
+// that drops its resources.
+func TestConnectorDeletionDuringAPlainStopIsDelivered(t *testing.T) {
+	e := newEnv(t)
+	ctx := e.ctx()
+	name := testenv.Unique("conndel-")
+	cfg := sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyResources, "r")
+	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.ConnectorInstance(name)
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_ = e.w.StopConnector(sctx, name, false) // its Stop(false) blocks
+	e.awaitCall(inst+" Stop blocking", 1)
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.w.StopConnector(ctx, name, true) }()
+	e.await("the deletion recorded", func() bool {
+		e.w.mu.Lock()
+		c := e.w.connectors[name]
+		e.w.mu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.deleted
+	})
+	e.rec.ReleaseBlocked()
+	if err := <-deleted; err != nil {
+		t.Errorf("StopConnector(deleted) asked before Stopped began: %v; calls %v", err, e.rec.CallsOf(inst))
+	}
+	calls := e.rec.CallsOf(inst)
+	if i := slices.Index(calls, "Stop(true)"); i < 0 || calls[len(calls)-1] != "Stopped" {
+		t.Errorf("calls %v: want Stop(true) delivered before the final Stopped", calls)
+	}
+	if e.rec.ResourceExists(inst + "/r") {
+		t.Errorf("the deletion did not drop %s", inst+"/r")
+	}
+}

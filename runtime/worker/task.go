@@ -410,14 +410,24 @@ func (t *taskInstance) runTask() {
 		// A failure, not a stop request: the task still gets its Stop.
 		t.requestStop(false)
 	}
-	t.mu.Lock()
-	t.final = true
-	deleted := t.deleted
-	t.mu.Unlock()
-	// A Stop that never returns keeps Stopped from being called: the
-	// instance is then abandoned (stopTask's graceful timeout covers this
-	// wait too).
-	t.awaitStops()
+	// final is set only once no Stop call runs, under the lock requestStop
+	// adds one under: a deletion asked for while a Stop(false) still ran
+	// gets its Stop(true) and a Stopped that cleans up. A Stop that never
+	// returns keeps Stopped from being called: the instance is then
+	// abandoned (stopTask's graceful timeout covers this wait too).
+	var deleted bool
+	for {
+		t.mu.Lock()
+		if t.stopsInFlight == 0 {
+			t.final = true
+			deleted = t.deleted
+			t.mu.Unlock()
+			break
+		}
+		idle := t.stopsIdle
+		t.mu.Unlock()
+		<-idle
+	}
 	close(t.stopsReturned)
 	t.stoppedDeleted = deleted
 	sctx, cancel := context.WithTimeout(t.base, t.w.stoppedTimeout)

@@ -251,7 +251,8 @@ type connInstance struct {
 	// stopMu is held by Stop calls and while Stopped begins, so that no
 	// Stop overlaps or follows Stopped, without holding mu: a Stop that
 	// blocks must not hold up status reads and target changes.
-	stopMu sync.Mutex
+	stopMu      sync.Mutex
+	stopDeleted bool // a Stop(true) was delivered; guarded by stopMu
 
 	mu           sync.Mutex
 	status       Status
@@ -264,7 +265,17 @@ type connInstance struct {
 
 // deliverStop calls Stop unless Stopped has begun, and reports whether it
 // did. Stop gets every deletion asked for so far, whatever this call asks.
+//
+// A deletion is recorded at once, before waiting for stopMu: if Stopped
+// begins first, it owes the instance that Stop(true) (beginStopped).
 func (c *connInstance) deliverStop(deleted bool) bool {
+	c.mu.Lock()
+	if c.stoppedBegun {
+		c.mu.Unlock()
+		return false
+	}
+	c.deleted = c.deleted || deleted
+	c.mu.Unlock()
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
 	c.mu.Lock()
@@ -272,13 +283,36 @@ func (c *connInstance) deliverStop(deleted bool) bool {
 		c.mu.Unlock()
 		return false
 	}
-	c.deleted = c.deleted || deleted
 	deleted = c.deleted
 	c.mu.Unlock()
+	c.callStop(deleted)
+	return true
+}
+
+// callStop calls Stop; stopMu is held.
+func (c *connInstance) callStop(deleted bool) {
 	if err := guard("Stop", func() error { c.conn.Stop(deleted); return nil }); err != nil {
 		c.host.Logger.Error("connector Stop failed", "error", err, "deleted", deleted)
 	}
-	return true
+	if deleted {
+		c.stopDeleted = true
+	}
+}
+
+// beginStopped marks Stopped as begun, after delivering a Stop(true) owed
+// to a deletion recorded while another Stop held stopMu, and returns
+// whether Stopped runs as a deletion.
+func (c *connInstance) beginStopped() bool {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	c.mu.Lock()
+	c.stoppedBegun = true
+	deleted := c.deleted
+	c.mu.Unlock()
+	if deleted && !c.stopDeleted {
+		c.callStop(true)
+	}
+	return deleted
 }
 
 func (c *connInstance) setStatus(w *Worker, s Status) {
@@ -426,12 +460,7 @@ func (c *connInstance) finish(w *Worker, deleted bool) error {
 	c.mu.Unlock()
 	c.deliverStop(deleted)
 	<-c.startDone // Stopped comes after Start returned, even if Stop raced it
-	c.stopMu.Lock()
-	c.mu.Lock()
-	c.stoppedBegun = true
-	deleted = c.deleted
-	c.mu.Unlock()
-	c.stopMu.Unlock()
+	deleted = c.beginStopped()
 	sctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), c.host), w.stoppedTimeout)
 	defer cancel()
 	err := guard("Stopped", func() error { return c.conn.Stopped(sctx) })
