@@ -234,11 +234,17 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 		offs, err = s.task.Flush(ctx)
 		return err
 	})
-	if rerr := t.errantErr(); rerr != nil && s.asyncErr == nil {
-		// A Report under errors.tolerance=none during Flush (a nack that
-		// arrived after Put returned) fails the task as one during Put
-		// does; on an idle topic no Put would come to notice it.
-		s.asyncErr = fmt.Errorf("Flush: %w", rerr)
+	if rerr := t.errantErr(); rerr != nil {
+		// A Report under errors.tolerance=none (a nack that arrived after
+		// Put returned) fails the task as one during Put does, also on an
+		// idle topic where no Put would notice it; and nothing is
+		// committed from then on, even if the task swallowed the error
+		// and reported offsets past that record.
+		if s.asyncErr == nil {
+			s.asyncErr = fmt.Errorf("Flush: %w", rerr)
+		}
+		t.log.Error("a record could not be delivered under errors.tolerance=none; offsets not committed", "error", rerr)
+		return
 	}
 	if err != nil {
 		t.log.Error("Flush failed; offsets not committed", "error", err)

@@ -23,6 +23,7 @@ import (
 // reports a nack that arrives after Put returned.
 type keepingSink struct {
 	reportInFlush bool
+	swallow       bool // ignore Report's error and return the offsets anyway
 
 	host  *connect.Host
 	mu    sync.Mutex
@@ -56,7 +57,7 @@ func (k *keepingSink) Flush(ctx context.Context) (map[connect.TopicPartition]int
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.reportInFlush && k.first != nil {
-		if err := k.host.Errors.Report(ctx, *k.first, errors.New("the broker nacked it")); err != nil {
+		if err := k.host.Errors.Report(ctx, *k.first, errors.New("the broker nacked it")); err != nil && !k.swallow {
 			return nil, err
 		}
 	}
@@ -85,8 +86,7 @@ func (sinkOnlyConnector) Stopped(context.Context) error               { return n
 
 // startKeepingSink runs one keepingSink task on topic, after first(brokers)
 // (which writes the topic).
-func startKeepingSink(t *testing.T, reportInFlush bool, topic string, first func(brokers []string)) (*env, *keepingSink, TaskID) {
-	task := &keepingSink{reportInFlush: reportInFlush}
+func startKeepingSink(t *testing.T, task *keepingSink, topic string, first func(brokers []string)) (*env, *keepingSink, TaskID) {
 	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), connect.Plugin{
 		Class:        "keeping-sink",
 		NewConnector: func() connect.Connector { return sinkOnlyConnector{} },
@@ -109,7 +109,7 @@ func startKeepingSink(t *testing.T, reportInFlush bool, topic string, first func
 // The slice given to Put is the task's: the next batch does not overwrite it.
 func TestPutBatchIsTheTasks(t *testing.T) {
 	topic := testenv.Unique("keep-topic-")
-	e, task, _ := startKeepingSink(t, false, topic, func(brokers []string) {
+	e, task, _ := startKeepingSink(t, &keepingSink{}, topic, func(brokers []string) {
 		produce(t, brokers, topic, 3, func(i int) string { return fmt.Sprint("v", i) })
 	})
 	e.await("3 records put", func() bool { _, seen := task.batches(); return len(slices.Concat(seen...)) >= 3 })
@@ -122,15 +122,21 @@ func TestPutBatchIsTheTasks(t *testing.T) {
 }
 
 // A Report under errors.tolerance=none from Flush fails the task, also on a
-// topic where no further record comes for Put to notice it.
+// topic where no further record comes for Put to notice it, and commits
+// nothing past the record, even when the task swallowed Report's error.
 func TestErrantReportInFlushFailsTheTask(t *testing.T) {
-	topic := testenv.Unique("flushreport-topic-")
-	e, _, id := startKeepingSink(t, true, topic, func(brokers []string) {
-		produce(t, brokers, topic, 1, func(int) string { return "x" })
-	})
-	s := e.awaitTaskState(id, StateFailed)
-	if !strings.Contains(s.Trace, "Flush") || !strings.Contains(s.Trace, "errors.tolerance is none") {
-		t.Errorf("trace %q, want the Flush and the tolerance", s.Trace)
+	for _, swallow := range []bool{false, true} {
+		topic := testenv.Unique("flushreport-topic-")
+		e, _, id := startKeepingSink(t, &keepingSink{reportInFlush: true, swallow: swallow}, topic, func(brokers []string) {
+			produce(t, brokers, topic, 1, func(int) string { return "x" })
+		})
+		s := e.awaitTaskState(id, StateFailed)
+		if !strings.Contains(s.Trace, "Flush") || !strings.Contains(s.Trace, "errors.tolerance is none") {
+			t.Errorf("swallow=%v: trace %q, want the Flush and the tolerance", swallow, s.Trace)
+		}
+		if at := groupOffset(t, e.brokers, groupID(id.Connector), topic, 0); at > 0 {
+			t.Errorf("swallow=%v: offset %d committed past the record that could not be delivered", swallow, at)
+		}
 	}
 }
 
