@@ -187,18 +187,22 @@ func TestRepublishRefusedEveryTimeBacksOff(t *testing.T) {
 // continues it; decision 0051's amendment rejected counting reconnects,
 // which made two unrelated outages of a healthy task add up.
 func TestOutageGoesOn(t *testing.T) {
+	now := time.Now()
 	for _, tc := range []struct {
 		name  string
 		first bool // no outage yet
 		lost  *session
 		want  bool
 	}{
-		{"first outage", true, &session{republished: 3}, false},
+		{"first outage", true, &session{republished: 3, opened: now, lost: now}, false},
 		{"no session: the last reconnect was interrupted", false, nil, false},
-		{"republished, nothing answered", false, &session{republished: 3}, true},
-		{"republished and answered: healthy in between", false, &session{republished: 3, answered: true}, false},
-		{"nothing republished: idle between two outages", false, &session{}, false},
-		{"cut by the task after a stop or the end of a call", false, &session{republished: 3, cut: true}, false},
+		{"republished, nothing answered", false, &session{republished: 3, opened: now, lost: now.Add(10 * time.Millisecond)}, true},
+		{"republished and answered: healthy in between", false, &session{republished: 3, answered: true, opened: now, lost: now}, false},
+		{"nothing republished: idle between two outages", false, &session{opened: now, lost: now}, false},
+		{"cut by the task after a stop or the end of a call", false, &session{republished: 3, cut: true, opened: now, lost: now}, false},
+		// Blocked for longer than the reconnect timeout, then dropped (the
+		// broker restarted): the broker is worth trying again at once.
+		{"republished, nothing answered, but it lived long", false, &session{republished: 3, opened: now, lost: now.Add(time.Minute)}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			task := &Task{}
@@ -255,4 +259,57 @@ func TestTwoOutagesCloseTogetherDoNotAddUp(t *testing.T) {
 		}
 	}
 	b.awaitBodies(name+".twice", 0, int(next))
+}
+
+// A session that republished and then waited, blocked, longer than the
+// reconnect timeout before the connection dropped (a memory alarm that
+// ended in a broker restart) starts a fresh outage: the task reconnects to
+// the broker that is back instead of failing without a single attempt.
+func TestLongBlockThenDropReconnects(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	proxy, purl := newAMQPProxy(t, u)
+	cfg := baseConfig(t, purl, "blk")
+	cfg[KeyReconnectTimeout] = "2000"
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".blk")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	defer func() { proxy.unblock(); _ = s.stop(true) }()
+
+	s.put(rec("blk", 0, 0, "", "v0"))
+	s.flush()
+	proxy.block("memory alarm")
+	s.put(rec("blk", 0, 1, "", "v1"))
+	proxy.down()
+	awaitSessionGone(t, s.task)
+	proxy.up()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The reconnect republishes v1 onto a connection the broker (still
+	// blocking) never answers.
+	if err := s.task.Put(ctx, []connect.SinkRecord{rec("blk", 0, 2, "", "v2")}); err != nil {
+		t.Fatalf("Put after the first drop: %v", err)
+	}
+	time.Sleep(2500 * time.Millisecond) // time itself is the condition: the block outlasts the 2 s reconnect timeout
+	proxy.down()
+	awaitSessionGone(t, s.task)
+	proxy.unblock()
+	proxy.up()
+	if err := s.task.Put(ctx, []connect.SinkRecord{rec("blk", 0, 3, "", "v3")}); err != nil {
+		t.Fatalf("Put once the broker is back: %v", err)
+	}
+	if got := s.flush(); got[connect.TopicPartition{Topic: "blk", Partition: 0}] != 4 {
+		t.Errorf("flushed %v, want every record confirmed (offset 4)", got)
+	}
+}
+
+func awaitSessionGone(t *testing.T, task *Task) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for task.live() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the task did not notice the drop")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -120,6 +120,9 @@ type session struct {
 	republished int
 	answered    bool
 	cut         bool
+	// opened is when connect made it, lost when its channel closed (the
+	// pump ended; guarded by Task.mu): see refusedWithin.
+	opened, lost time.Time
 	// blocked is the broker's reason while it blocks the connection
 	// (connection.blocked: a memory or disk alarm), "" otherwise; guarded by
 	// Task.mu.
@@ -141,6 +144,12 @@ const (
 	// task closes the connection under it. A healthy broker finishes one in
 	// far less; a broker that blocks the connection never does.
 	stuckIOGrace = time.Second
+	// refusedWithin is how soon a session that republished and got no
+	// answer must be lost to continue the outage: a broker refusing what
+	// was republished closes the channel within moments, while a session
+	// that lived longer (blocked, then the broker restarted) ended for
+	// another reason and starts a fresh outage.
+	refusedWithin = time.Second
 )
 
 var errStopping = errors.New("amqpsink task is stopping")
@@ -203,7 +212,7 @@ func (t *Task) connect(ctx context.Context) error {
 		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 		return fmt.Errorf("opening a confirm-mode channel on RabbitMQ at %s: %w", connect.MaskCredentials(t.s.url), err)
 	}
-	sess := &session{conn: conn, ch: ch, pending: map[uint64]*entry{}, returned: map[string]string{}, done: make(chan struct{})}
+	sess := &session{conn: conn, ch: ch, opened: time.Now(), pending: map[uint64]*entry{}, returned: map[string]string{}, done: make(chan struct{})}
 	// Big enough that amqp091's reader never waits on us (it drops a
 	// notification that blocks for 5s).
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, t.s.maxInFlight+64))
@@ -247,6 +256,7 @@ func (t *Task) pump(sess *session, confirms <-chan amqp.Confirmation, returns <-
 	defer func() {
 		t.mu.Lock()
 		sess.closeErr = closeErr
+		sess.lost = time.Now()
 		close(sess.done)
 		t.signalLocked()
 		t.mu.Unlock()
@@ -486,7 +496,7 @@ func (t *Task) outageGoesOn(lost *session) (goesOn bool, why error) {
 	if why == nil {
 		why = errors.New("the connection was lost")
 	}
-	return lost.republished > 0 && !lost.answered && !lost.cut, why
+	return lost.republished > 0 && !lost.answered && !lost.cut && lost.lost.Sub(lost.opened) < refusedWithin, why
 }
 
 // sleep waits d, or returns errStopping when the task stops or ctx ends.
