@@ -212,3 +212,50 @@ func TestDeletionResetsTheWorkersTopics(t *testing.T) {
 		t.Errorf("after a restart: %v (%v), want none", got, err)
 	}
 }
+
+// A connector paused while STOPPED is not started (no Start, which may
+// provision, no tasks) until it is resumed: neither by a restart of the
+// worker, nor by a config change, nor by a restart request.
+func TestPausedWhileStoppedStaysUnstarted(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindSync, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	if _, err := hs.h.CreateConnector(ctx, "p", sourceConfig("t", 2), worker.TargetStopped); err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.ConnectorInstance("p")
+	check := func(when string) {
+		t.Helper()
+		if calls := rec.CallsOf(inst); len(calls) != 0 {
+			t.Errorf("%s: connector calls %v, want none", when, calls)
+		}
+		st, err := hs.h.ConnectorStatus(ctx, "p")
+		if err != nil || st.Connector.State != worker.StatePaused || len(st.Tasks) != 0 {
+			t.Errorf("%s: status %+v (%v), want PAUSED without tasks", when, st, err)
+		}
+	}
+	if err := hs.h.Pause(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	check("paused while STOPPED")
+	hs.restart()
+	if err := hs.h.AwaitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restart of the worker")
+	if _, _, err := hs.h.PutConnectorConfig(ctx, "p", sourceConfig("t2", 2)); err != nil {
+		t.Fatal(err)
+	}
+	check("after a config change")
+	if _, err := hs.h.Restart(ctx, "p", true, false); err != nil {
+		t.Fatal(err)
+	}
+	check("after a restart request")
+	if err := hs.h.Resume(ctx, "p"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := hs.h.ConnectorStatus(ctx, "p")
+	if err != nil || st.Connector.State != worker.StateRunning || len(st.Tasks) != 2 {
+		t.Errorf("resumed: %+v (%v), want RUNNING with 2 tasks", st, err)
+	}
+}

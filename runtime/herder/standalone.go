@@ -325,7 +325,7 @@ func (h *Standalone) recover(ctx context.Context) error {
 	// show UNASSIGNED; operations on them wait for the start.
 	for _, r := range recs {
 		c := h.get(r.Name)
-		if c == nil || h.deletionOf(c) != nil || c.rec.Target == worker.TargetStopped {
+		if c == nil || h.deletionOf(c) != nil || c.rec.Target == worker.TargetStopped || c.rec.Dormant {
 			continue
 		}
 		c.op <- struct{}{} // taken now, so every later operation comes after the start
@@ -1142,7 +1142,7 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	h.stopAllLocked(ctx, c)
 	if err := h.store.PutConnector(ctx, rec); err != nil {
 		// The old config is still stored: bring the old instances back.
-		if c.rec.Target != worker.TargetStopped {
+		if c.rec.Target != worker.TargetStopped && !c.rec.Dormant {
 			h.startLocked(ctx, c)
 		}
 		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s: %w", c.name, err)
@@ -1151,7 +1151,7 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	c.rec, c.plugin, c.spec, c.hasPlugin = rec, p, spec, true
 	h.mu.Unlock()
 	h.logger(c).Info("connector reconfigured", "config", h.mask(c, cfg))
-	if rec.Target != worker.TargetStopped {
+	if rec.Target != worker.TargetStopped && !rec.Dormant {
 		h.startLocked(ctx, c)
 	}
 	return h.infoLocked(c), nil
@@ -1164,6 +1164,8 @@ func (h *Standalone) setTarget(ctx context.Context, c *conn, t worker.TargetStat
 		return nil
 	}
 	rec := c.rec
+	// Paused while STOPPED (or still dormant): not started until resumed.
+	rec.Dormant = t == worker.TargetPaused && (c.rec.Target == worker.TargetStopped || c.rec.Dormant)
 	rec.Target = t
 	rec.UpdatedAt = time.Now().UTC()
 	if t == worker.TargetStopped {
@@ -1195,7 +1197,7 @@ func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.Tar
 		return err
 	}
 	h.logger(c).Info("connector target state changed", "target_state", t)
-	if wasStopped && t == worker.TargetPaused {
+	if c.rec.Dormant {
 		// As Kafka Connect (WorkerConnector.suspend): pausing a STOPPED
 		// connector starts nothing, no Start (which may provision) and no
 		// tasks; it reads PAUSED, and resume starts it.
@@ -1236,7 +1238,7 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 	}
 	defer c.unlock()
 	st := h.statusOf(c)
-	if c.rec.Target == worker.TargetStopped {
+	if c.rec.Target == worker.TargetStopped || c.rec.Dormant {
 		// Nothing runs, so nothing restarts: the connector comes back in
 		// its target state at once. The answer still shows RESTARTING,
 		// as Kafka Connect's restart plan does (AbstractHerder).
