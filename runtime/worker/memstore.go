@@ -73,8 +73,8 @@ func (s *MemoryOffsetStore) All(connector string) []SourceOffset {
 	var out []SourceOffset
 	for k, v := range s.data[connector] {
 		var o SourceOffset
-		_ = json.Unmarshal([]byte(k), &o.Partition)
-		_ = json.Unmarshal(v, &o.Offset)
+		o.Partition, _ = DecodeOffsetJSON([]byte(k))
+		o.Offset, _ = DecodeOffsetJSON(v)
 		out = append(out, o)
 	}
 	return out

@@ -227,7 +227,10 @@ func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
 	if !ok {
 		return fmt.Errorf("worker: task %s-%d: %w %q: install the plugin or fix connector.class", run.ID.Connector, run.ID.Task, ErrUnknownPlugin, class)
 	}
-	typ := p.NewConnector().Spec().Type
+	var typ connect.ConnectorType
+	if err := guard("NewConnector/Spec", func() error { typ = p.NewConnector().Spec().Type; return nil }); err != nil {
+		return fmt.Errorf("worker: task %s-%d: %w", run.ID.Connector, run.ID.Task, err)
+	}
 	set, err := w.parseSettings(typ, run.ConnectorConfig)
 	if err != nil {
 		return fmt.Errorf("worker: task %s-%d: %w", run.ID.Connector, run.ID.Task, err)
@@ -242,7 +245,10 @@ func (w *Worker) StartTask(ctx context.Context, run TaskRun) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("worker: task %s-%d: the worker has no %v: configure it", run.ID.Connector, run.ID.Task, missing)
 	}
-	task := p.NewTask()
+	var task connect.Task
+	if err := guard("NewTask", func() error { task = p.NewTask(); return nil }); err != nil {
+		return fmt.Errorf("worker: task %s-%d: %w", run.ID.Connector, run.ID.Task, err)
+	}
 	switch typ {
 	case connect.TypeSource:
 		if _, ok := task.(connect.SourceTask); !ok {

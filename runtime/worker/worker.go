@@ -343,8 +343,11 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	if !ok {
 		return fmt.Errorf("worker: connector %s: %w %q: install the plugin or fix connector.class", run.Name, ErrUnknownPlugin, class)
 	}
-	conn := p.NewConnector()
-	typ := conn.Spec().Type
+	var conn connect.Connector
+	var typ connect.ConnectorType
+	if err := guard("NewConnector/Spec", func() error { conn = p.NewConnector(); typ = conn.Spec().Type; return nil }); err != nil {
+		return fmt.Errorf("worker: connector %s: %w", run.Name, err)
+	}
 	host := w.host(run.Name, -1, run.Ledger, run.CleanupOnly, typ)
 	ictx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c := &connInstance{name: run.Name, cfg: run.Config.Clone(), conn: conn, host: host, ctx: connect.WithHost(ictx, host), cancel: cancel, target: run.Target, startDone: make(chan struct{}), finishDone: make(chan struct{})}
