@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"os/exec"
 	"regexp"
 	"runtime"
@@ -24,6 +25,10 @@ import (
 func TestConformance(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
 	b := newBroker(t, u)
+	_, ctlErr := lookRabbitmqctl()
+	if ctlErr != nil && os.Getenv(testenv.RequireEnv) == "1" {
+		t.Fatalf("%s=1, but without rabbitmqctl the kit would not check that bindings are removed and connections closed: %v", testenv.RequireEnv, ctlErr)
+	}
 	subject := connecttest.Subject{
 		Plugin: Plugin(),
 		Config: func(t testing.TB) connect.Config {
@@ -42,7 +47,7 @@ func TestConformance(t *testing.T) {
 				if err != nil {
 					return false, err
 				}
-				if _, err := lookRabbitmqctl(); err != nil {
+				if ctlErr != nil {
 					// Without rabbitmqctl a binding lives as long as both ends.
 					return b.queueExists(bd.queue) && b.exchangeExists(bd.exchange), nil
 				}
@@ -62,12 +67,22 @@ func TestConformance(t *testing.T) {
 			return baseConfig(t, "amqp://guest:guest@127.0.0.1:1/", "orders")
 		},
 	}
-	if _, err := lookRabbitmqctl(); err == nil {
+	if ctlErr == nil {
 		subject.Connections = func(_ context.Context, name string) (int, error) { return connections(t, name), nil }
 	} else {
-		t.Log("rabbitmqctl not on PATH: the kit cannot check that connections are closed")
+		t.Logf("the kit cannot check that connections are closed, nor bindings removed (only their ends): %v", ctlErr)
 	}
 	connecttest.Run(t, subject)
+}
+
+// listLedger returns what the ledger lists, failing the test on an error.
+func listLedger(t testing.TB, l connect.Ledger) []connect.Resource {
+	t.Helper()
+	rs, err := l.List(ctxT(t))
+	if err != nil {
+		t.Fatalf("listing the ledger: %v", err)
+	}
+	return rs
 }
 
 func hasBinding(t testing.TB, vhost string, bd binding) bool {
@@ -188,7 +203,7 @@ func TestTopicsRegexDeclaresOnFirstSight(t *testing.T) {
 		t.Errorf("ev.a second message = %s", got[1].Body)
 	}
 	b.drain(name+".ev.b", 1)
-	rs, _ := ledger.List(ctxT(t))
+	rs := listLedger(t, ledger)
 	var queues []string
 	for _, r := range rs {
 		if r.Kind == KindQueue {
@@ -237,7 +252,7 @@ func TestLifecycleKeepsAndDeletes(t *testing.T) {
 	s = startSink(t, cfg, ledger, &reporter{}) // restart
 	s.put(rec("mine", 0, 1, "", "m1"))
 	s.flush()
-	rs, _ := ledger.List(ctxT(t))
+	rs := listLedger(t, ledger)
 	for _, r := range rs {
 		if r.Kind == KindQueue && r.Name == theirs {
 			t.Errorf("pre-existing queue %s was recorded as owned", theirs)
@@ -269,7 +284,7 @@ func TestLifecycleKeepsAndDeletes(t *testing.T) {
 	if n := b.messages(theirs); n != 2 {
 		t.Errorf("pre-existing queue has %d messages after deletion, want 2", n)
 	}
-	if left, _ := ledger.List(ctxT(t)); len(left) != 0 {
+	if left := listLedger(t, ledger); len(left) != 0 {
 		t.Errorf("ledger still lists %v", left)
 	}
 	if _, err := lookRabbitmqctl(); err == nil {
@@ -293,7 +308,7 @@ func TestCleanupOnDeleteFalseKeepsEverything(t *testing.T) {
 	s := startSink(t, cfg, ledger, &reporter{})
 	s.put(rec("keep", 0, 0, "", "x"))
 	s.flush()
-	if owned, _ := ledger.List(t.Context()); len(owned) == 0 {
+	if owned := listLedger(t, ledger); len(owned) == 0 {
 		t.Fatal("nothing was owned before the deletion; the test proves nothing")
 	}
 	if err := s.stop(true); err != nil {
@@ -304,7 +319,7 @@ func TestCleanupOnDeleteFalseKeepsEverything(t *testing.T) {
 	}
 	// The kept objects are handed over: the ledger ends empty, so the
 	// runtime can finish the deletion.
-	if left, _ := ledger.List(t.Context()); len(left) != 0 {
+	if left := listLedger(t, ledger); len(left) != 0 {
 		t.Errorf("cleanup.on.delete=false left ledger entries %v; the deletion could never complete", left)
 	}
 }
@@ -552,43 +567,61 @@ func TestConnectionLoss(t *testing.T) {
 // reports nothing unconfirmed.
 func TestStopInterruptsReconnect(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
-	rabbitmqctl(t)
-	vhost := testenv.Unique("tc-vh-")
-	ctl(t, "add_vhost", vhost)
-	ctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-	vurl := strings.TrimSuffix(u, "/") + "/" + vhost
+	vhost, vurl := testVhost(t, u)
 	cfg := baseConfig(t, vurl, "s")
 	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped { // the test failed half-way
+			if err := s.stop(false); err != nil {
+				t.Errorf("stopping the sink: %v", err)
+			}
+		}
+	})
 	s.put(rec("s", 0, 0, "", "a"))
 	s.flush()
 	ctl(t, "delete_vhost", vhost) // closes the connections; reconnecting fails
 	type result struct {
-		offs map[connect.TopicPartition]int64
-		err  error
+		offs        map[connect.TopicPartition]int64
+		putErr, err error
 	}
 	done := make(chan result, 1)
+	ctx := ctxT(t)
 	go func() {
-		_ = s.task.Put(ctxT(t), []connect.SinkRecord{rec("s", 0, 1, "", "b")})
-		o, err := s.task.Flush(ctxT(t))
-		done <- result{o, err}
+		putErr := s.task.Put(ctx, []connect.SinkRecord{rec("s", 0, 1, "", "b")})
+		o, err := s.task.Flush(ctx)
+		done <- result{o, putErr, err}
 	}()
 	// Wait until the task noticed, then stop it.
 	deadline := time.Now().Add(30 * time.Second)
-	for s.task.live() != nil && time.Now().Before(deadline) {
+	for s.task.live() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the task did not notice within 30s that its vhost was deleted")
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.task.Stop(true)
 	select {
 	case r := <-done:
+		// A stop is no failure: Put and Flush return quietly, and the
+		// runtime delivers what was not confirmed again.
+		if r.putErr != nil || r.err != nil {
+			t.Errorf("Put = %v, Flush = %v after Stop while reconnecting; want both nil", r.putErr, r.err)
+		}
 		if o := r.offs[connect.TopicPartition{Topic: "s", Partition: 0}]; o > 1 {
 			t.Errorf("flushed offset %d includes a record the broker never confirmed", o)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Put/Flush did not return after Stop while reconnecting")
 	}
-	_ = s.task.Stopped(ctxT(t))
+	stopped = true
+	if err := s.task.Stopped(ctxT(t)); err != nil {
+		t.Errorf("task Stopped: %v", err)
+	}
 	s.conn.Stop(false)
-	_ = s.conn.Stopped(ctxT(t))
+	if err := s.conn.Stopped(ctxT(t)); err != nil {
+		t.Errorf("connector Stopped: %v", err)
+	}
 }
 
 func TestUnreachableBrokerFailsStartClearly(t *testing.T) {
@@ -719,21 +752,18 @@ func TestStopInterruptsWaitForConfirms(t *testing.T) {
 // already gone as deleted.
 func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
 	u := testenv.RabbitMQURL(t)
-	rabbitmqctl(t)
-	vhost := testenv.Unique("tc-vh-")
-	addVhost := func() {
-		ctl(t, "add_vhost", vhost)
-		ctl(t, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
-	}
-	addVhost()
-	t.Cleanup(func() { _, _ = exec.Command(rabbitmqctl(t), "delete_vhost", vhost).CombinedOutput() })
-	vurl := strings.TrimSuffix(u, "/") + "/" + vhost
+	vhost, vurl := testVhost(t, u)
 	cfg := baseConfig(t, vurl, "gone")
 	ledger := connect.NewMemoryLedger()
 	s := startSink(t, cfg, ledger, &reporter{})
-	owned, _ := ledger.List(ctxT(t))
+	owned := listLedger(t, ledger)
+	if len(owned) == 0 {
+		t.Fatal("the connector owns nothing: the test has no cleanup to fail")
+	}
 	s.task.Stop(true)
-	_ = s.task.Stopped(ctxT(t))
+	if err := s.task.Stopped(ctxT(t)); err != nil {
+		t.Fatalf("task Stopped: %v", err)
+	}
 	ctl(t, "delete_vhost", vhost)
 	s.conn.Stop(true)
 	err := s.conn.Stopped(connect.WithHost(ctxT(t), testHost(s.name, -1, ledger, nil)))
@@ -745,10 +775,10 @@ func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
 			t.Errorf("cleanup error does not name remaining %v: %v", r, err)
 		}
 	}
-	if left, _ := ledger.List(ctxT(t)); len(left) != len(owned) {
+	if left := listLedger(t, ledger); len(left) != len(owned) {
 		t.Errorf("a failed cleanup changed the ledger: %v, was %v", left, owned)
 	}
-	addVhost() // the broker is back (empty: the objects are already gone)
+	addVhost(t, vhost, u) // the broker is back (empty: the objects are already gone)
 	c := &Connector{}
 	h := testHost(s.name, -1, ledger, nil)
 	h.CleanupOnly = true
@@ -760,7 +790,7 @@ func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
 	if err := c.Stopped(ctx); err != nil {
 		t.Fatalf("retried cleanup: %v", err)
 	}
-	if left, _ := ledger.List(ctxT(t)); len(left) != 0 {
+	if left := listLedger(t, ledger); len(left) != 0 {
 		t.Errorf("retried cleanup left %v in the ledger", left)
 	}
 }
@@ -952,8 +982,7 @@ func TestReconfigurationUnbindsOldQueues(t *testing.T) {
 	if n := b.messages(oldQ); n != 1 {
 		t.Errorf("old queue holds %d messages, want 1 (its own, not a copy of the new one)", n)
 	}
-	rs, _ := l.List(ctxT(t))
-	for _, r := range rs {
+	for _, r := range listLedger(t, l) {
 		if r.Kind == KindBinding && strings.Contains(r.Name, url.QueryEscape(oldQ)+"&") {
 			t.Errorf("the ledger still lists the old binding %v", r)
 		}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +33,12 @@ func newBroker(t testing.TB, rawURL string) *broker {
 	if err != nil {
 		t.Fatalf("test connection to RabbitMQ: %v", err)
 	}
-	t.Cleanup(func() { _ = conn.Close() })
+	t.Cleanup(func() {
+		// A test that deleted its vhost has had the connection closed.
+		if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			t.Errorf("closing the test connection to RabbitMQ: %v", err)
+		}
+	})
 	return &broker{t: t, url: rawURL, conn: conn}
 }
 
@@ -101,12 +107,22 @@ func (b *broker) declareQueue(name, typ string) {
 	b.t.Cleanup(func() { b.deleteQueue(name) })
 }
 
+// deleteQueue deletes queue name; one already gone is no failure.
 func (b *broker) deleteQueue(name string) {
-	_ = b.on(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+	if err != nil && !isNotFound(err) {
+		b.t.Errorf("deleting queue %q: %v", name, err)
+	}
 }
 
+// deleteExchange deletes exchange name; one already gone is no failure.
 func (b *broker) deleteExchange(name string) {
-	_ = b.on(func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	b.t.Helper()
+	err := b.on(func(ch *amqp.Channel) error { return ch.ExchangeDelete(name, false, false) })
+	if err != nil && !isNotFound(err) {
+		b.t.Errorf("deleting exchange %q: %v", name, err)
+	}
 }
 
 func (b *broker) publish(queue, body string) {
@@ -253,13 +269,24 @@ func rabbitmqctl(t testing.TB) string {
 
 func ctl(t testing.TB, args ...string) string {
 	t.Helper()
+	out, err := tryCtl(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tryCtl runs rabbitmqctl, returning its failure (with its output) as an
+// error.
+func tryCtl(t testing.TB, args ...string) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, rabbitmqctl(t), args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return string(out), nil
 }
 
 // connections counts the broker connections whose connection_name belongs to
@@ -275,12 +302,37 @@ func bindings(t testing.TB, vhost string) string {
 }
 
 // testVhost creates a vhost for one test (so that closing every connection of
-// it touches nobody else) and returns a URL for it.
+// it touches nobody else), deleted when the test ends unless the test
+// already deleted it, and returns a URL for it.
 func testVhost(t testing.TB, base string) (vhost, vurl string) {
 	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
 	vhost = testenv.Unique("tc-vh-")
-	ctl(t, "add_vhost", vhost)
-	t.Cleanup(func() { ctl(t, "delete_vhost", vhost) })
+	addVhost(t, vhost, base)
+	t.Cleanup(func() {
+		_, err := tryCtl(t, "delete_vhost", vhost)
+		if err == nil {
+			return
+		}
+		out, lerr := tryCtl(t, "list_vhosts", "-q", "--no-table-headers", "name")
+		if lerr != nil {
+			t.Errorf("%v; and listing the vhosts: %v", err, lerr)
+		} else if slices.Contains(strings.Fields(out), vhost) {
+			t.Errorf("vhost %s left behind: %v", vhost, err)
+		}
+	})
+	u.Path = "/" + vhost
+	u.RawPath = ""
+	return vhost, u.String()
+}
+
+// addVhost creates vhost and gives the user of the URL base every
+// permission on it.
+func addVhost(t testing.TB, vhost, base string) {
+	t.Helper()
 	u, err := url.Parse(base)
 	if err != nil {
 		t.Fatal(err)
@@ -289,10 +341,8 @@ func testVhost(t testing.TB, base string) (vhost, vurl string) {
 	if u.User != nil {
 		user = u.User.Username()
 	}
+	ctl(t, "add_vhost", vhost)
 	ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
-	u.Path = "/" + vhost
-	u.RawPath = ""
-	return vhost, u.String()
 }
 
 // reporter is an ErrantRecordReporter that records every report.

@@ -133,7 +133,7 @@ func TestRefusedDeclareLeavesNoLedgerEntry(t *testing.T) {
 	if amqpCode(err) != amqp.AccessRefused {
 		t.Fatalf("ensureQueue(%q) = %v, want ACCESS_REFUSED", q, err)
 	}
-	if rs, _ := ledger.List(ctxT(t)); len(rs) != 0 {
+	if rs := listLedger(t, ledger); len(rs) != 0 {
 		t.Fatalf("a refused declare left ledger entries %v", rs)
 	}
 	if b.queueExists(q) {
@@ -179,6 +179,9 @@ func TestProvisionWaitsForTheLock(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- tp.ensureExchange(ctxT(t)) }()
+	// A wait for something not to happen: ensureExchange must not return
+	// while the lock is held, and nothing marks "still waiting", so it gets
+	// 300 ms to return wrongly (a pass is no proof, a return is a failure).
 	time.Sleep(300 * time.Millisecond)
 	select {
 	case err := <-done:

@@ -49,7 +49,9 @@ func newWorkerEnv(t testing.TB) *workerEnv {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_ = e.w.Close(ctx)
+		if err := e.w.Close(ctx); err != nil {
+			t.Errorf("closing the worker: %v", err)
+		}
 		e.kcl.Close()
 	})
 	return e
@@ -227,7 +229,7 @@ func TestThroughWorker(t *testing.T) {
 			if b.queueExists(name+"."+ta) || b.exchangeExists(name) {
 				t.Error("deletion through the worker left the queue or exchange")
 			}
-			if left, _ := e.ledger.List(ctxT(t)); len(left) != 0 {
+			if left := listLedger(t, e.ledger); len(left) != 0 {
 				t.Errorf("ledger still lists %v", left)
 			}
 		})

@@ -48,19 +48,26 @@ func newSchema(t testing.TB, db *pgxpool.Pool) string {
 	t.Helper()
 	s := testenv.Unique("pga_t_")
 	mustExec(t, db, "CREATE SCHEMA "+pgx.Identifier{s}.Sanitize())
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
-	})
+	t.Cleanup(func() { dropSchema(t, db, s) })
 	return s
+}
+
+// dropSchema drops schema s, if it still exists, and what it holds,
+// reporting a failure (for cleanups: a schema left behind is a failure).
+func dropSchema(t testing.TB, db *pgxpool.Pool, s string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := db.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE"); err != nil {
+		t.Errorf("dropping schema %s at cleanup: %v", s, err)
+	}
 }
 
 // auditSchemaFor returns a unique audit schema name whose leftovers are
 // dropped at cleanup (the test asserts what the connector dropped first).
 func auditSchemaFor(t testing.TB, db *pgxpool.Pool) string {
 	s := testenv.Unique("pga_audit_")
-	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
-	})
+	t.Cleanup(func() { dropSchema(t, db, s) })
 	return s
 }
 
@@ -219,8 +226,12 @@ func (r *running) quiet() {
 	r.t.Helper()
 	for _, task := range r.tasks {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		recs, _ := task.Poll(ctx)
+		recs, err := task.Poll(ctx)
+		ended := ctx.Err() != nil
 		cancel()
+		if err != nil && !ended {
+			r.t.Fatalf("Poll: %v", err)
+		}
 		if len(recs) > 0 {
 			r.t.Fatalf("unexpected extra change(s): %s", recs[0].Value)
 		}
@@ -284,8 +295,24 @@ func newRole(t testing.TB, db *pgxpool.Pool, prefix string) (name, quoted string
 	quoted = pgx.Identifier{name}.Sanitize()
 	mustExec(t, db, `CREATE ROLE `+quoted+` LOGIN`)
 	t.Cleanup(func() {
-		_, _ = db.Exec(context.Background(), `DROP OWNED BY `+quoted)
-		_, _ = db.Exec(context.Background(), `DROP ROLE IF EXISTS `+quoted)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		// DROP OWNED BY fails for a role that no longer exists (a test may
+		// have dropped it): only a role still there is cleaned up.
+		var exists bool
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, name).Scan(&exists); err != nil {
+			t.Errorf("looking up role %s at cleanup: %v", name, err)
+			return
+		}
+		if !exists {
+			return
+		}
+		if _, err := db.Exec(ctx, `DROP OWNED BY `+quoted); err != nil {
+			t.Errorf("dropping what role %s owns at cleanup: %v", name, err)
+		}
+		if _, err := db.Exec(ctx, `DROP ROLE IF EXISTS `+quoted); err != nil {
+			t.Errorf("dropping role %s at cleanup: %v", name, err)
+		}
 	})
 	return name, quoted
 }

@@ -608,7 +608,7 @@ func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
 	s := newSchema(t, db)
 	owner, ownerID := newRole(t, db, "pga_owner_")
 	_, otherID := newRole(t, db, "pga_other_")
-	mustExec(t, db, `GRANT CREATE ON DATABASE test TO `+ownerID)
+	mustExec(t, db, `DO $$BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO %I', current_database(), `+quoteLiteral(owner)+`); END$$`)
 	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+ownerID)
 	p := qualified(s, "p")
 	mustExec(t, db, `CREATE TABLE `+p+` (id int PRIMARY KEY) PARTITION BY RANGE (id)`)
@@ -638,7 +638,11 @@ func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
 	if tr := captureTriggersIn(t, ctx, db, cfg["name"], s); !slices.Equal(tr, want) {
 		t.Errorf("triggers %v, want %v", tr, want)
 	}
-	if rs, _ := l.List(ctx); !slices.Contains(rs, triggerRes("test", tableName{s, "p"}, n.rowTrigger)) || slices.Contains(rs, triggerRes("test", tableName{s, "p"}, earlier)) {
+	rs, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rs, triggerRes("test", tableName{s, "p"}, n.rowTrigger)) || slices.Contains(rs, triggerRes("test", tableName{s, "p"}, earlier)) {
 		t.Errorf("ledger %v", rs)
 	}
 	mustExec(t, db, `INSERT INTO `+p+` VALUES (1)`)

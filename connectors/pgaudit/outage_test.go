@@ -29,6 +29,7 @@ type proxy struct {
 	conns  map[net.Conn]struct{}
 	delay  time.Duration // before a new connection is forwarded
 	frozen bool          // bytes are held, not forwarded: a server that stopped answering
+	held   int           // bytes held since the last freeze
 	wg     sync.WaitGroup
 }
 
@@ -36,7 +37,29 @@ type proxy struct {
 func (p *proxy) freeze(frozen bool) {
 	p.mu.Lock()
 	p.frozen = frozen
+	if frozen {
+		p.held = 0
+	}
 	p.mu.Unlock()
+}
+
+// hold counts n bytes read while frozen and reports whether they are to be
+// held (see holding).
+func (p *proxy) hold(n int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.frozen || p.ln == nil {
+		return false
+	}
+	p.held += n
+	return true
+}
+
+// heldBytes is how many bytes arrived while frozen since the last freeze.
+func (p *proxy) heldBytes() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
 }
 
 // holding reports whether bytes are to be held: frozen, and not down
@@ -94,8 +117,10 @@ func (p *proxy) serve(ln net.Listener) {
 				buf := make([]byte, 32<<10)
 				for {
 					n, err := src.Read(buf)
-					for n > 0 && p.holding() {
-						time.Sleep(5 * time.Millisecond)
+					if n > 0 && p.hold(n) {
+						for p.holding() {
+							time.Sleep(5 * time.Millisecond)
+						}
 					}
 					if n > 0 {
 						if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -258,7 +283,10 @@ func TestInterruptedPollGivesUpOnAServerThatStoppedAnswering(t *testing.T) {
 		_, err := r.tasks[0].Poll(ctx)
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond) // the Poll is reading from the frozen server
+	// The Poll is reading from the frozen server once its query is held.
+	await(t, 10*time.Second, func() (bool, string, error) {
+		return px.heldBytes() > 0, "the Poll sent nothing to the frozen server within 10s", nil
+	})
 	cancel()
 	select {
 	case err := <-done:

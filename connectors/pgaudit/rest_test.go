@@ -133,9 +133,13 @@ func newStack(t *testing.T) *stack {
 		srv.Close()
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = h.Close(cctx)
+		if err := h.Close(cctx); err != nil {
+			t.Errorf("closing the herder: %v", err)
+		}
 		cl.Close()
-		_ = st.Close()
+		if err := st.Close(); err != nil {
+			t.Errorf("closing the store: %v", err)
+		}
 	})
 	return &stack{t: t, seeds: seeds, srv: srv}
 }

@@ -35,7 +35,11 @@ func TestThroughWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = w.Close(context.Background()) }()
+	defer func() {
+		if err := w.Close(context.Background()); err != nil {
+			t.Errorf("closing the worker: %v", err)
+		}
+	}()
 
 	name := testenv.Unique("worker-")
 	cfg := baseConfig(name, url, auditSchemaFor(t, db), s+".orders")
