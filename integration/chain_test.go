@@ -91,9 +91,7 @@ func newChain(t testing.TB, embedded ...bool) *chain {
 	c.loadDemoSchema()
 
 	if useEmbedded {
-		// A fixed port: clients of the restarted worker find the broker
-		// where the previous one was.
-		c.w = startWorker(t, withEmbeddedKafka(freeAddr(t)))
+		c.w = startWorker(t, withEmbeddedKafka())
 	} else {
 		c.w = startWorker(t, withBrokers(c.brokers))
 	}
@@ -125,25 +123,27 @@ func (c *chain) dropEverything() {
 	defer cancel()
 	for _, s := range []string{c.schema, c.auditSchema} {
 		if _, err := c.pg.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE"); err != nil {
-			c.t.Logf("cleanup: dropping schema %s: %v", s, err)
+			c.t.Errorf("cleanup: dropping schema %s: %v", s, err)
 		}
 	}
 	ch, err := c.mq.Channel()
 	if err != nil {
-		c.t.Logf("cleanup: opening a RabbitMQ channel: %v", err)
+		c.t.Errorf("cleanup: opening a RabbitMQ channel: %v", err)
 		return
 	}
 	defer ch.Close()
 	for _, q := range []string{c.queue("customers"), c.queue("orders"), c.prefix + ".mine"} {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			c.t.Logf("cleanup: deleting queue %s: %v", q, err)
+			c.t.Errorf("cleanup: deleting queue %s: %v", q, err)
+			// The broker closed the channel on the error: open another.
 			if ch, err = c.mq.Channel(); err != nil {
+				c.t.Errorf("cleanup: opening a RabbitMQ channel: %v", err)
 				return
 			}
 		}
 	}
 	if err := ch.ExchangeDelete(c.exchange, false, false); err != nil {
-		c.t.Logf("cleanup: deleting exchange %s: %v", c.exchange, err)
+		c.t.Errorf("cleanup: deleting exchange %s: %v", c.exchange, err)
 	}
 }
 

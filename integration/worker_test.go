@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,8 +27,10 @@ type worker struct {
 	bin      string
 	dataDir  string
 	restAddr string
-	env      []string
-	logPath  string
+	// kafkaAddr is where the embedded broker listens ("": none).
+	kafkaAddr string
+	env       []string // besides the two addresses
+	logPath   string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -46,11 +49,12 @@ func withBrokers(brokers []string) workerOpt {
 	}
 }
 
-// withEmbeddedKafka makes the worker run its embedded broker on addr, with
-// its data under the worker's data dir.
-func withEmbeddedKafka(addr string) workerOpt {
+// withEmbeddedKafka makes the worker run its embedded broker, with its data
+// under the worker's data dir, on a fixed free port: clients of a
+// restarted worker find the broker where the previous one was.
+func withEmbeddedKafka() workerOpt {
 	return func(w *worker) {
-		w.env = append(w.env, "TIDYCONNECT_EMBEDDED_KAFKA_ADDR="+addr)
+		w.kafkaAddr = freeAddr(w.t)
 	}
 }
 
@@ -68,7 +72,6 @@ func startWorker(t testing.TB, opts ...workerOpt) *worker {
 	w.env = []string{
 		"HOME=" + w.dataDir,
 		"PATH=" + os.Getenv("PATH"),
-		"TIDYCONNECT_REST_ADDR=" + w.restAddr,
 		"TIDYCONNECT_DATA_DIR=" + w.dataDir,
 		"TIDYCONNECT_WORKER_ID=it-" + filepath.Base(w.dataDir),
 		"TIDYCONNECT_LOG_FORMAT=json",
@@ -85,10 +88,31 @@ func startWorker(t testing.TB, opts ...workerOpt) *worker {
 			t.Logf("worker log (%s), last lines:\n%s", w.logPath, tail(w.logPath, 60))
 		}
 	})
-	w.start()
+	// A port chosen free may be taken (by another test package, say)
+	// before the worker binds it: then it starts again on other ports.
+	for attempt := 1; ; attempt++ {
+		err := w.launch()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			w.t.Fatalf("tidyconnect could not start (%d attempts): %v", attempt, err)
+		}
+		w.t.Logf("attempt %d: %v; starting again on other ports", attempt, err)
+		w.restAddr = freeAddr(t)
+		if w.kafkaAddr != "" {
+			w.kafkaAddr = freeAddr(t)
+		}
+	}
 	return w
 }
 
+// errPortTaken is launch's error when the process exited during start-up
+// because a port it was to listen on was taken.
+var errPortTaken = errors.New("a port chosen for the worker was taken before it could bind it")
+
+// freeAddr returns an address with a port that was free a moment ago:
+// the worker binds it later, so startWorker retries when it was taken.
 func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -105,12 +129,29 @@ func (w *worker) url(path string) string { return "http://" + w.restAddr + path 
 // start runs the process and waits until the REST API answers.
 func (w *worker) start() {
 	w.t.Helper()
+	if err := w.launch(); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// launch runs the process and waits until the REST API answers. It fails
+// the test, except when the process exits during start-up because one of
+// its ports is taken: then it returns errPortTaken.
+func (w *worker) launch() error {
+	w.t.Helper()
+	var logFrom int64
+	if fi, err := os.Stat(w.logPath); err == nil {
+		logFrom = fi.Size()
+	}
 	logf, err := os.OpenFile(w.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		w.t.Fatalf("opening the worker log: %v", err)
 	}
 	cmd := exec.Command(w.bin, "standalone")
-	cmd.Env = w.env
+	cmd.Env = append(slices.Clone(w.env), "TIDYCONNECT_REST_ADDR="+w.restAddr)
+	if w.kafkaAddr != "" {
+		cmd.Env = append(cmd.Env, "TIDYCONNECT_EMBEDDED_KAFKA_ADDR="+w.kafkaAddr)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
@@ -132,18 +173,23 @@ func (w *worker) start() {
 		close(exited)
 	}()
 
+	client := &http.Client{Timeout: 5 * time.Second}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
 		case <-exited:
+			if b, err := os.ReadFile(w.logPath); err == nil && int64(len(b)) >= logFrom &&
+				bytes.Contains(b[logFrom:], []byte("address already in use")) {
+				return fmt.Errorf("%w (%v); log:\n%s", errPortTaken, w.exitErr(), tail(w.logPath, 10))
+			}
 			w.t.Fatalf("tidyconnect exited during startup (%v); log:\n%s", w.exitErr(), tail(w.logPath, 40))
 		default:
 		}
-		resp, err := http.Get(w.url("/"))
+		resp, err := client.Get(w.url("/"))
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {

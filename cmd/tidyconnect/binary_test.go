@@ -2,10 +2,10 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tidyconnect/tidyconnect/internal/testenv"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 )
 
 var (
@@ -43,7 +45,9 @@ func binary(tb testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(buildDir, "tidyconnect")
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", binPath, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
@@ -55,16 +59,6 @@ func binary(tb testing.TB) string {
 	return binPath
 }
 
-func freePort(tb testing.TB) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // proc is a running tidyconnect standalone.
 type proc struct {
 	cmd    *exec.Cmd
@@ -74,14 +68,31 @@ type proc struct {
 	err    error
 }
 
-// startProc starts the binary with an embedded broker on a free port and
-// waits for GET / to answer 200. The process is killed at cleanup if still
-// running.
+// readyAddr returns the address of the "REST API ready" log line in out
+// (JSON log format), or "".
+func readyAddr(out string) string {
+	for _, line := range strings.Split(out, "\n") {
+		var l struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "REST API ready" {
+			return l.Addr
+		}
+	}
+	return ""
+}
+
+// startProc starts the binary with an embedded broker, both listening on
+// a port the system picks (no other process can take it between a choice
+// and the bind), reads the REST address from the "REST API ready" log line
+// and waits for GET / to answer 200. The process is killed at cleanup if
+// still running.
 func startProc(tb testing.TB, dataDir string, extra ...string) (*proc, time.Duration) {
 	tb.Helper()
 	bin := binary(tb)
-	p := &proc{addr: freePort(tb), out: &testenv.SyncBuffer{}, exited: make(chan struct{})}
-	args := append([]string{"standalone", "--rest-addr", p.addr, "--data-dir", dataDir, "--embedded-kafka-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
+	p := &proc{out: &testenv.SyncBuffer{}, exited: make(chan struct{})}
+	args := append([]string{"standalone", "--rest-addr", "127.0.0.1:0", "--data-dir", dataDir, "--embedded-kafka-addr", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = []string{"HOME=" + dataDir, "PATH=" + os.Getenv("PATH")}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -95,7 +106,9 @@ func startProc(tb testing.TB, dataDir string, extra ...string) (*proc, time.Dura
 		select {
 		case <-p.exited:
 		default:
-			_ = p.cmd.Process.Kill()
+			if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				tb.Errorf("killing tidyconnect at cleanup: %v", err)
+			}
 			<-p.exited
 		}
 	})
@@ -107,11 +120,16 @@ func startProc(tb testing.TB, dataDir string, extra ...string) (*proc, time.Dura
 			tb.Fatalf("tidyconnect exited during start-up (%v):\n%s", p.err, p.out.String())
 		default:
 		}
-		resp, err := client.Get("http://" + p.addr + "/")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p, time.Since(start)
+		if p.addr == "" {
+			p.addr = readyAddr(p.out.String())
+		}
+		if p.addr != "" {
+			resp, err := client.Get("http://" + p.addr + "/")
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return p, time.Since(start)
+				}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -186,7 +204,9 @@ func TestBinaryBadInputExitsWith2(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(binary(t), tc.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, binary(t), tc.args...)
 			cmd.Env = append([]string{"HOME=" + dir}, tc.env...)
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
@@ -200,7 +220,9 @@ func TestBinaryBadInputExitsWith2(t *testing.T) {
 			}
 		})
 	}
-	out, err := exec.Command(binary(t), "version").CombinedOutput()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, binary(t), "version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "tidyconnect ") {
 		t.Errorf("version: %v %s", err, out)
 	}

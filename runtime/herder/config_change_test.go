@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -24,10 +25,6 @@ import (
 type strictConn struct {
 	deleted bool
 	ledger  connect.Ledger
-	// gate, when set, holds Start until it is closed or ctx ends (a
-	// slow database); entered is closed when Start begins.
-	gate, entered chan struct{}
-	once          *sync.Once
 }
 
 func (s *strictConn) Spec() connect.Spec {
@@ -36,16 +33,7 @@ func (s *strictConn) Spec() connect.Spec {
 
 func (s *strictConn) Start(ctx context.Context, _ connect.Config) error {
 	s.ledger = connect.HostFrom(ctx).Ledger
-	if s.gate == nil {
-		return nil
-	}
-	s.once.Do(func() { close(s.entered) })
-	select {
-	case <-s.gate:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 func (s *strictConn) TaskConfigs(int) ([]connect.Config, error) { return nil, nil }
@@ -71,24 +59,126 @@ func (s *strictConn) Stopped(ctx context.Context) error {
 }
 
 // openSync starts a herder with the sync worker on dir, with the sample
-// plugins and extra ones.
-func openSync(t *testing.T, dir string, extra ...connect.Plugin) (*Standalone, *store.File) {
+// plugins and extra ones. closeSync closes both, reporting failures.
+func openSync(t *testing.T, dir string, extra ...connect.Plugin) (h *Standalone, st *store.File, closeSync func()) {
 	t.Helper()
 	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.OpenFile(dir)
+	st, err = store.OpenFile(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewStandalone(context.Background(), WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)),
+	h, err = NewStandalone(context.Background(), WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)),
 		WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
 	if err != nil {
 		st.Close()
 		t.Fatal(err)
 	}
-	return h, st
+	var once sync.Once
+	closeSync = func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := h.Close(ctx); err != nil {
+				t.Errorf("closing the herder: %v", err)
+			}
+			if err := st.Close(); err != nil {
+				t.Errorf("closing the store: %v", err)
+			}
+		})
+	}
+	t.Cleanup(closeSync)
+	return h, st, closeSync
+}
+
+// slowStarts is the connector class "slow", whose Start waits for a gate
+// (a slow database) until the gate is closed or Start's ctx ends.
+type slowStarts struct {
+	mu sync.Mutex
+	// gate is taken by the next Start, which then waits for it; nil: Start
+	// returns at once.
+	gate chan struct{}
+	// entered is closed when a Start begins waiting for the gate;
+	// interrupted when such a Start returns because its ctx ended.
+	entered, interrupted chan struct{}
+	// started holds the configs of the Starts that succeeded.
+	started []connect.Config
+}
+
+func newSlowStarts() *slowStarts {
+	return &slowStarts{entered: make(chan struct{}), interrupted: make(chan struct{})}
+}
+
+func (s *slowStarts) plugin() connect.Plugin {
+	return connect.Plugin{Class: "slow", NewConnector: func() connect.Connector { return &slowConn{s: s} }, NewTask: func() connect.Task { return nil }}
+}
+
+// lastStarted is the config of the last successful Start, or nil.
+func (s *slowStarts) lastStarted() connect.Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.started) == 0 {
+		return nil
+	}
+	return s.started[len(s.started)-1]
+}
+
+type slowConn struct{ s *slowStarts }
+
+func (c *slowConn) Spec() connect.Spec {
+	return connect.Spec{Type: connect.TypeSource, Version: "1"}
+}
+
+func (c *slowConn) Start(ctx context.Context, cfg connect.Config) error {
+	s := c.s
+	s.mu.Lock()
+	gate := s.gate
+	s.gate = nil
+	s.mu.Unlock()
+	if gate != nil {
+		close(s.entered)
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			close(s.interrupted)
+			return ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	s.started = append(s.started, cfg.Clone())
+	s.mu.Unlock()
+	return nil
+}
+
+func (c *slowConn) TaskConfigs(int) ([]connect.Config, error) { return nil, nil }
+func (c *slowConn) Stop(bool)                                 {}
+func (c *slowConn) Stopped(context.Context) error             { return nil }
+
+// bootWithBlockedStart creates connector "x" of class slow, restarts the
+// herder and waits until the boot's Start of x waits for gate. The herder
+// is closed at cleanup.
+func bootWithBlockedStart(t *testing.T, ctx context.Context, slow *slowStarts, gate chan struct{}) (*Standalone, connect.Config) {
+	t.Helper()
+	dir := t.TempDir()
+	h, _, closeSync := openSync(t, dir, slow.plugin())
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
+	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil { // not gated
+		t.Fatal(err)
+	}
+	closeSync()
+
+	slow.mu.Lock()
+	slow.gate = gate
+	slow.mu.Unlock()
+	h, _, _ = openSync(t, dir, slow.plugin())
+	select {
+	case <-slow.entered:
+	case <-ctx.Done():
+		t.Fatal("the start of x at boot never began")
+	}
+	return h, cfg
 }
 
 // A connector that owns resources keeps its class: another plugin could not
@@ -97,9 +187,7 @@ func openSync(t *testing.T, dir string, extra ...connect.Plugin) (*Standalone, *
 // change it.
 func TestClassChangeRefusedWhileTheConnectorOwnsResources(t *testing.T) {
 	strict := connect.Plugin{Class: "strict", NewConnector: func() connect.Connector { return &strictConn{} }, NewTask: func() connect.Task { return nil }}
-	h, st := openSync(t, t.TempDir(), strict)
-	defer st.Close()
-	defer h.Close(context.Background())
+	h, st, _ := openSync(t, t.TempDir(), strict)
 	ctx := testCtx(t)
 
 	if _, err := h.CreateConnector(ctx, "owner", sourceConfig("t", 1), ""); err != nil {
@@ -137,29 +225,14 @@ func TestClassChangeRefusedWhileTheConnectorOwnsResources(t *testing.T) {
 
 // A config change refused by validation changes nothing: it must not cut
 // short a Start still running from boot (which would leave the connector
-// FAILED with "context canceled"). A valid change does interrupt it.
+// FAILED with "context canceled"). A valid change does interrupt it
+// (TestValidConfigChangeInterruptsAStart).
 func TestRefusedConfigChangeDoesNotInterruptAStart(t *testing.T) {
-	gate, entered, once := make(chan struct{}), make(chan struct{}), new(sync.Once)
-	slow := connect.Plugin{Class: "slow", NewConnector: func() connect.Connector {
-		return &strictConn{gate: gate, entered: entered, once: once}
-	}, NewTask: func() connect.Task { return nil }}
-	dir := t.TempDir()
 	ctx := testCtx(t)
-	h, st := openSync(t, dir, slow)
-	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
-	close(gate) // the first start goes through
-	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
-		t.Fatal(err)
-	}
-	h.Close(ctx)
-	st.Close()
-
-	// The start at boot waits.
-	gate, entered, once = make(chan struct{}), make(chan struct{}), new(sync.Once)
-	h, st = openSync(t, dir, slow)
-	defer st.Close()
-	defer h.Close(context.Background())
-	<-entered
+	slow, gate := newSlowStarts(), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(gate) }) }) // before the herder's Close
+	h, cfg := bootWithBlockedStart(t, ctx, slow, gate)
 	bad := cfg.Clone()
 	bad[KeyTasksMax] = "not-a-number"
 	var ce *ConfigError
@@ -169,7 +242,43 @@ func TestRefusedConfigChangeDoesNotInterruptAStart(t *testing.T) {
 	if _, err := h.PatchConnectorConfig(ctx, "x", map[string]*string{KeyTasksMax: new("-1")}); !errors.As(err, &ce) {
 		t.Fatalf("PATCH with a bad tasks.max: %v, want a ConfigError", err)
 	}
-	close(gate)
+	once.Do(func() { close(gate) })
+	if err := h.AwaitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-slow.interrupted:
+		t.Error("a refused config change interrupted the start at boot")
+	default:
+	}
+	s, err := h.ConnectorStatus(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Connector.State != worker.StateRunning {
+		t.Errorf("after refused changes the connector is %s (%s), want RUNNING", s.Connector.State, s.Connector.Trace)
+	}
+}
+
+// A valid config change while a Start from boot still runs interrupts
+// that Start (its ctx ends) instead of waiting for it, and the connector
+// ends RUNNING under the new config.
+func TestValidConfigChangeInterruptsAStart(t *testing.T) {
+	ctx := testCtx(t)
+	slow, gate := newSlowStarts(), make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(gate) }) }) // before the herder's Close
+	h, cfg := bootWithBlockedStart(t, ctx, slow, gate)
+	changed := cfg.Clone()
+	changed["slow.note"] = "changed"
+	if _, created, err := h.PutConnectorConfig(ctx, "x", changed); err != nil || created {
+		t.Fatalf("a valid PUT while the start at boot waits: created=%v %v", created, err)
+	}
+	select {
+	case <-slow.interrupted:
+	case <-ctx.Done():
+		t.Fatal("the PUT returned, but the start at boot was never interrupted")
+	}
 	if err := h.AwaitStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +287,14 @@ func TestRefusedConfigChangeDoesNotInterruptAStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s.Connector.State != worker.StateRunning {
-		t.Errorf("after refused changes the connector is %s (%s), want RUNNING", s.Connector.State, s.Connector.Trace)
+		t.Errorf("after the change the connector is %s (%s), want RUNNING", s.Connector.State, s.Connector.Trace)
+	}
+	if got := slow.lastStarted(); got["slow.note"] != "changed" {
+		t.Errorf("the running instance was started with %v, want the new config", got)
+	}
+	info, err := h.ConnectorInfo(ctx, "x")
+	if err != nil || info.Config["slow.note"] != "changed" {
+		t.Errorf("config after the change = %v (%v), want the new one", info.Config, err)
 	}
 }
 

@@ -3,6 +3,7 @@ package herder
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -25,8 +26,7 @@ func blockingSource(topic, grace string) connect.Config {
 		worker.KeyGracefulTimeout, grace)
 }
 
-// callIndex is the index of the first call of instance with method at or
-// after from, or -1.
+// callIndex is the index of the first call of instance with method, or -1.
 func callIndex(rec *sampleconn.Recorder, instance, method string) int {
 	for i, c := range rec.Calls() {
 		if c.Instance == instance && c.Method == method {
@@ -131,17 +131,23 @@ func TestCloseDuringDeletionWithStuckTask(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel() // the request gives up; the deletion goes on in the herder
-	<-deleted
+	select {
+	case <-deleted:
+	case <-ctx.Done():
+		t.Fatal("DeleteConnector did not return after its context ended")
+	}
 	// Release the task once shutdown has stopped the connector (plainly),
 	// so the worker's Close can finish.
-	released := make(chan struct{})
+	released := make(chan error, 1)
 	go func() {
-		defer close(released)
-		_ = rec.AwaitCall(ctx, connInst+" Stopped", 1)
+		err := rec.AwaitCall(ctx, connInst+" Stopped", 1) // bounded by ctx
 		rec.ReleaseBlocked()
+		released <- err
 	}()
 	hs.closeFn()
-	<-released
+	if err := <-released; err != nil {
+		t.Fatalf("the connector was not stopped at shutdown: %v", err)
+	}
 	if got := stopCalls(rec, connInst); !slices.Equal(got, []string{"Stop(false)"}) {
 		t.Errorf("connector Stop calls at shutdown during a deletion with a stuck task = %v, want [Stop(false)]", got)
 	}
@@ -399,8 +405,8 @@ func TestStartupReportsOrphanLedgers(t *testing.T) {
 	if len(got) != 1 || !slices.Equal(got[name], []connect.Resource{leaked}) {
 		t.Fatalf("OrphanLedgers at start-up = %v, want %s owning %v", got, name, leaked)
 	}
-	if names, _ := hs.h.Connectors(ctx); slices.Contains(names, name) {
-		t.Errorf("an orphan ledger must not show up as a connector: %v", names)
+	if names, err := hs.h.Connectors(ctx); err != nil || slices.Contains(names, name) {
+		t.Errorf("an orphan ledger must not show up as a connector: %v (%v)", names, err)
 	}
 	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
 		t.Fatal(err)
@@ -477,9 +483,14 @@ func TestCloseIsNotHeldUpByAStuckConnector(t *testing.T) {
 	if err := rec.AwaitCall(ctx, sampleconn.TaskInstance(stuck, 0)+" Poll blocking", 1); err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	// Well past what three healthy connectors need to stop, well short of
+	// the stuck task's 30 s graceful timeout.
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	_ = hs.h.Close(cctx) // reports the stuck task
+	stuckTask := fmt.Sprintf("task %s-0", stuck)
+	if err := hs.h.Close(cctx); err == nil || !strings.Contains(err.Error(), stuckTask) {
+		t.Errorf("Close with a stuck task = %v, want an error naming %s", err, stuckTask)
+	}
 	for _, n := range others {
 		for _, inst := range []string{sampleconn.TaskInstance(n, 0), sampleconn.ConnectorInstance(n)} {
 			if got := rec.CallsOf(inst); len(got) == 0 || got[len(got)-1] != "Stopped" || !slices.Contains(got, "Stop(false)") {
@@ -658,29 +669,32 @@ func TestHeldBackTaskStartsWhenStuckInstanceReturns(t *testing.T) {
 func TestHeldBackStartYieldsToAnInterruptingOperation(t *testing.T) {
 	rec := sampleconn.NewRecorder()
 	gone := make(chan string, 8)
-	stopDone := make(chan error, 1)
-	var hs *harness
-	var once sync.Once
+	// The hook only signals that the held-back start holds the lock and
+	// waits (bounded) until the test has seen the stop ask for an
+	// interrupt: it never fails the test from the herder's goroutine.
+	locked, proceed := make(chan struct{}), make(chan struct{})
+	var lockedOnce, proceedOnce sync.Once
+	release := func() { proceedOnce.Do(func() { close(proceed) }) }
 	name := testenv.Unique("held-")
 	ctx := testCtx(t)
-	hs = newHarness(t, kindReal, t.TempDir(), rec, nil, withHook(func(point, connector string) {
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil, withHook(func(point, connector string) {
 		switch point {
 		case hookAbandonedGone:
 			gone <- connector
 		case hookHeldBackLocked:
-			once.Do(func() {
-				hs.h.mu.Lock()
-				before := hs.h.conns[name].interrupts
-				hs.h.mu.Unlock()
-				go func() { stopDone <- hs.h.Stop(ctx, name) }()
-				pollUntil(t, "the stop to ask for an interrupt", func() bool {
-					hs.h.mu.Lock()
-					defer hs.h.mu.Unlock()
-					return hs.h.conns[name].interrupts != before
-				})
-			})
+			first := false
+			lockedOnce.Do(func() { first = true; close(locked) })
+			if first {
+				select {
+				case <-proceed:
+				case <-ctx.Done():
+				}
+			}
 		}
 	}))
+	// Runs before the herder's Close: a failing test never leaves the
+	// hook holding the connector's lock.
+	t.Cleanup(release)
 	t.Cleanup(rec.ReleaseBlocked)
 	id := worker.TaskID{Connector: name, Task: 0}
 	task := sampleconn.TaskInstance(name, 0)
@@ -695,12 +709,35 @@ func TestHeldBackStartYieldsToAnInterruptingOperation(t *testing.T) {
 	}
 	rec.ReleaseBlocked()
 	select {
+	case <-locked:
+	case <-ctx.Done():
+		t.Fatalf("the held-back start never took the connector's lock (calls %v)", rec.CallsOf(task))
+	}
+	// The held-back start holds the lock and has not registered its cancel:
+	// a stop arrives now.
+	hs.h.mu.Lock()
+	before := hs.h.conns[name].interrupts
+	hs.h.mu.Unlock()
+	stopDone := make(chan error, 1)
+	go func() { stopDone <- hs.h.Stop(ctx, name) }()
+	pollUntil(t, "the stop to ask for an interrupt", func() bool {
+		hs.h.mu.Lock()
+		defer hs.h.mu.Unlock()
+		return hs.h.conns[name].interrupts != before
+	})
+	release()
+	select {
 	case <-gone:
 	case <-ctx.Done():
 		t.Fatalf("the herder never handled the return of the stuck instance (calls %v)", rec.CallsOf(task))
 	}
-	if err := <-stopDone; err != nil {
-		t.Fatalf("the stop that arrived meanwhile: %v", err)
+	select {
+	case err := <-stopDone:
+		if err != nil {
+			t.Fatalf("the stop that arrived meanwhile: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the stop that arrived meanwhile never returned")
 	}
 	if n := rec.Count(task + " Start"); n != 1 {
 		t.Errorf("task Start calls = %d, want 1: the held-back start went ahead of the stop that arrived first (calls %v)", n, rec.CallsOf(task))
@@ -768,10 +805,19 @@ func TestCloseDoesNotWaitPastItsDeadlineForBackgroundWork(t *testing.T) {
 	dctx, cancel := context.WithCancel(ctx)
 	deleted := make(chan error, 1)
 	go func() { deleted <- hs.h.DeleteConnector(dctx, name) }()
-	<-stuck
+	select {
+	case <-stuck:
+	case <-ctx.Done():
+		t.Fatal("the deletion never wrote its intent")
+	}
 	cancel() // the request gives up; the deletion goes on in the background
-	if err := <-deleted; err == nil {
-		t.Fatal("DELETE returned nil while its deletion was stuck")
+	select {
+	case err := <-deleted:
+		if err == nil {
+			t.Fatal("DELETE returned nil while its deletion was stuck")
+		}
+	case <-ctx.Done():
+		t.Fatal("DELETE did not return after its context ended")
 	}
 	cctx, ccancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer ccancel()
@@ -788,7 +834,13 @@ func TestCloseDoesNotWaitPastItsDeadlineForBackgroundWork(t *testing.T) {
 	// Let the deletion finish, and stop what Close had to leave running,
 	// before the test's directory goes.
 	once.Do(func() { close(release) })
-	hs.h.bgWG.Wait()
+	bgDone := make(chan struct{})
+	go func() { hs.h.bgWG.Wait(); close(bgDone) }()
+	select {
+	case <-bgDone:
+	case <-ctx.Done():
+		t.Fatal("the released deletion did not finish")
+	}
 	if err := hs.h.w.Close(ctx); err != nil {
 		t.Errorf("closing the worker after the release: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -30,13 +31,20 @@ const (
 
 const crashTasks = 2
 
-// TestCrashChild is the process the crash test SIGKILLs: it creates a
-// connector, deletes it, and kills itself at the hook point. It does
-// nothing unless the parent test started it.
-func TestCrashChild(t *testing.T) {
-	if os.Getenv(crashChildEnv) == "" {
-		t.Skip("only run as the child of TestDurableDeletionAfterCrash")
+// TestMain runs the crash child instead of the tests when the parent test
+// started this binary as one, so that no test shows up as skipped.
+func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		// testing.Main runs crashChild as a test and exits.
+		testing.Main(func(pat, str string) (bool, error) { return regexp.MatchString(pat, str) },
+			[]testing.InternalTest{{Name: "CrashChild", F: crashChild}}, nil, nil)
 	}
+	os.Exit(m.Run())
+}
+
+// crashChild is the process the crash test SIGKILLs: it creates a
+// connector, deletes it, and kills itself at the hook point.
+func crashChild(t *testing.T) {
 	point := os.Getenv(crashPointEnv)
 	kill := withHook(func(p, _ string) {
 		if p == point {
@@ -56,8 +64,8 @@ func TestCrashChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs.awaitRunning(name, crashTasks)
-	_ = hs.h.DeleteConnector(testCtx(t), name)
-	t.Fatal("the hook did not kill the process")
+	err := hs.h.DeleteConnector(testCtx(t), name)
+	t.Fatalf("the hook did not kill the process (DeleteConnector: %v)", err)
 }
 
 // TestDurableDeletionAfterCrash kills a herder process right after the
@@ -65,9 +73,6 @@ func TestCrashChild(t *testing.T) {
 // then starts a new herder on the same data directory: it completes the
 // deletion with connectorDeleted=true and forgets the connector.
 func TestDurableDeletionAfterCrash(t *testing.T) {
-	if os.Getenv(crashChildEnv) != "" {
-		t.Skip("in the child")
-	}
 	for _, kind := range workerKinds {
 		for _, point := range []string{hookIntentWritten, hookTasksStopped} {
 			t.Run(kind+"/"+point, func(t *testing.T) {
@@ -77,7 +82,9 @@ func TestDurableDeletionAfterCrash(t *testing.T) {
 				if kind == kindReal {
 					seeds = testenv.KafkaBrokers(t)
 				}
-				cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.v")
+				cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				defer cancel()
+				cmd := exec.CommandContext(cctx, os.Args[0], "-test.run=^CrashChild$", "-test.count=1", "-test.v")
 				cmd.Env = append(os.Environ(), crashChildEnv+"=1", crashDirEnv+"="+dir, crashNameEnv+"="+name,
 					crashKindEnv+"="+kind, crashSeedsEnv+"="+strings.Join(seeds, ","), crashPointEnv+"="+point)
 				out, err := cmd.CombinedOutput()
@@ -90,9 +97,17 @@ func TestDurableDeletionAfterCrash(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ins, _ := st.Intents(context.Background())
-				led, _ := st.Ledger(name).List(context.Background())
-				st.Close()
+				ins, err := st.Intents(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				led, err := st.Ledger(name).List(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Close(); err != nil {
+					t.Fatal(err)
+				}
 				if len(ins) != 1 || ins[0].Connector != name {
 					t.Fatalf("intents after the crash = %+v, want the deletion of %s", ins, name)
 				}
@@ -107,9 +122,10 @@ func TestDurableDeletionAfterCrash(t *testing.T) {
 					rec.CreateResource(r.Name)
 				}
 				hs := newHarness(t, kind, dir, rec, seeds)
+				hs.dropTopic(name + "-topic") // the child's, committed there
 				ctx := testCtx(t)
-				if names, _ := hs.h.Connectors(ctx); slices.Contains(names, name) {
-					t.Errorf("connector still listed after recovery: %v", names)
+				if names, err := hs.h.Connectors(ctx); err != nil || slices.Contains(names, name) {
+					t.Errorf("connector still listed after recovery: %v (%v)", names, err)
 				}
 				if _, err := hs.h.ConnectorStatus(ctx, name); !errors.Is(err, ErrNotFound) {
 					t.Errorf("status after recovery: %v, want ErrNotFound", err)
@@ -127,14 +143,21 @@ func TestDurableDeletionAfterCrash(t *testing.T) {
 				if res := rec.Resources(); len(res) != 0 {
 					t.Errorf("resources left after recovery: %v", res)
 				}
-				for what, empty := range map[string]bool{
-					"intents": func() bool { x, _ := hs.st.Intents(ctx); return len(x) == 0 }(),
-					"config":  func() bool { _, ok, _ := hs.st.Connector(ctx, name); return !ok }(),
-					"ledger":  func() bool { x, _ := hs.st.Ledger(name).List(ctx); return len(x) == 0 }(),
-					"offsets": func() bool { x, _ := hs.st.AllOffsets(ctx, name); return len(x) == 0 }(),
+				// Each reports how much is left; an error is not "nothing".
+				for what, left := range map[string]func() (int, error){
+					"intents": func() (int, error) { x, err := hs.st.Intents(ctx); return len(x), err },
+					"config": func() (int, error) {
+						_, ok, err := hs.st.Connector(ctx, name)
+						if ok {
+							return 1, err
+						}
+						return 0, err
+					},
+					"ledger":  func() (int, error) { x, err := hs.st.Ledger(name).List(ctx); return len(x), err },
+					"offsets": func() (int, error) { x, err := hs.st.AllOffsets(ctx, name); return len(x), err },
 				} {
-					if !empty {
-						t.Errorf("%s not forgotten after recovery", what)
+					if n, err := left(); err != nil || n != 0 {
+						t.Errorf("%s not forgotten after recovery: %d left (%v)", what, n, err)
 					}
 				}
 			})
@@ -164,7 +187,10 @@ func TestRestartAfterClose(t *testing.T) {
 				awaitCommitted(t, rec, running, 20)
 			}
 			resBefore := rec.Resources()
-			ledBefore, _ := hs.st.Ledger(running).List(ctx)
+			ledBefore, err := hs.st.Ledger(running).List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 			committedBefore := len(rec.Committed(running))
 
 			hs.restart()
@@ -180,23 +206,23 @@ func TestRestartAfterClose(t *testing.T) {
 			}
 			hs.awaitRunning(running, 1)
 			pollUntil(t, "paused connector PAUSED after restart", func() bool {
-				st, _ := hs.h.ConnectorStatus(ctx, paused)
-				return st.Connector.State == worker.StatePaused
+				st, err := hs.h.ConnectorStatus(ctx, paused)
+				return err == nil && st.Connector.State == worker.StatePaused
 			})
-			if st, _ := hs.h.ConnectorStatus(ctx, stopped); st.Connector.State != worker.StateStopped {
-				t.Errorf("stopped connector after restart: %+v", st)
+			if st, err := hs.h.ConnectorStatus(ctx, stopped); err != nil || st.Connector.State != worker.StateStopped {
+				t.Errorf("stopped connector after restart: %+v (%v)", st, err)
 			}
 			if res := rec.Resources(); !slices.Equal(res, resBefore) {
 				t.Errorf("resources after restart = %v, want %v", res, resBefore)
 			}
-			if led, _ := hs.st.Ledger(running).List(ctx); !slices.Equal(led, ledBefore) {
-				t.Errorf("ledger after restart = %v, want %v", led, ledBefore)
+			if led, err := hs.st.Ledger(running).List(ctx); err != nil || !slices.Equal(led, ledBefore) {
+				t.Errorf("ledger after restart = %v (%v), want %v", led, err, ledBefore)
 			}
 			if kind == kindReal {
 				awaitCommitted(t, rec, running, committedBefore+10)
 				after := rec.Committed(running)[committedBefore]
-				if pos, _ := sampleconn.Position(after.SourceOffset); pos == 0 {
-					t.Errorf("source restarted from position 0 instead of its stored offset")
+				if pos, ok := sampleconn.Position(after.SourceOffset); !ok || pos == 0 {
+					t.Errorf("source restarted from position %d (%v) instead of its stored offset", pos, after.SourceOffset)
 				}
 			}
 		})
@@ -213,54 +239,72 @@ func awaitCommitted(t testing.TB, rec *sampleconn.Recorder, name string, n int) 
 }
 
 // TestSourceOffsetsEndpoints: reading works any time; altering and
-// resetting only while STOPPED.
+// resetting only while STOPPED. With the real worker, the resumed task
+// continues after the altered offset.
 func TestSourceOffsetsEndpoints(t *testing.T) {
-	rec := sampleconn.NewRecorder()
-	hs := newHarness(t, kindSync, t.TempDir(), rec, nil)
-	ctx := testCtx(t)
-	name := testenv.Unique("offs-")
-	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig("t", 1), ""); err != nil {
-		t.Fatal(err)
-	}
-	part := map[string]any{"task": "0", "partition": "0"}
-	alter := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: part, Offset: map[string]any{"position": float64(41)}}}}
-	if err := hs.h.AlterOffsets(ctx, name, alter); !errors.Is(err, ErrNotStopped) {
-		t.Fatalf("alter while running: %v, want ErrNotStopped", err)
-	}
-	if err := hs.h.ResetOffsets(ctx, name); !errors.Is(err, ErrNotStopped) {
-		t.Fatalf("reset while running: %v, want ErrNotStopped", err)
-	}
-	if err := hs.h.Stop(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	bad := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: nil, Offset: map[string]any{"x": 1}}}}
-	var be *BadRequestError
-	if err := hs.h.AlterOffsets(ctx, name, bad); !errors.As(err, &be) {
-		t.Errorf("alter with an empty partition: %v, want BadRequestError", err)
-	}
-	if err := hs.h.AlterOffsets(ctx, name, alter); err != nil {
-		t.Fatal(err)
-	}
-	got, err := hs.h.Offsets(ctx, name)
-	if err != nil || len(got.Offsets) != 1 || got.Offsets[0].Offset["position"] != int64(41) {
-		t.Fatalf("offsets after alter = %+v, %v", got, err)
-	}
-	// Resumed, the task continues after the altered offset.
-	if err := hs.h.Resume(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	hs.awaitRunning(name, 1)
-	if err := hs.h.Stop(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	if err := hs.h.ResetOffsets(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := hs.h.Offsets(ctx, name); len(got.Offsets) != 0 {
-		t.Errorf("offsets after reset = %+v", got)
-	}
-	if _, err := hs.h.Offsets(ctx, "nope"); !errors.Is(err, ErrNotFound) {
-		t.Errorf("offsets of an unknown connector: %v", err)
+	for _, kind := range workerKinds {
+		t.Run(kind, func(t *testing.T) {
+			rec := sampleconn.NewRecorder()
+			hs := newHarness(t, kind, t.TempDir(), rec, nil)
+			ctx := testCtx(t)
+			name := testenv.Unique("offs-")
+			if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(testenv.Unique("t-"), 1), ""); err != nil {
+				t.Fatal(err)
+			}
+			part := map[string]any{"task": "0", "partition": "0"}
+			alter := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: part, Offset: map[string]any{"position": float64(41)}}}}
+			if err := hs.h.AlterOffsets(ctx, name, alter); !errors.Is(err, ErrNotStopped) {
+				t.Fatalf("alter while running: %v, want ErrNotStopped", err)
+			}
+			if err := hs.h.ResetOffsets(ctx, name); !errors.Is(err, ErrNotStopped) {
+				t.Fatalf("reset while running: %v, want ErrNotStopped", err)
+			}
+			if kind == kindReal {
+				// Past the altered position, so that a resume from the
+				// task's own offset would not look like one from 41.
+				awaitCommitted(t, rec, name, 60)
+			}
+			if err := hs.h.Stop(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			bad := ConnectorOffsets{Offsets: []worker.SourceOffset{{Partition: nil, Offset: map[string]any{"x": 1}}}}
+			var be *BadRequestError
+			if err := hs.h.AlterOffsets(ctx, name, bad); !errors.As(err, &be) {
+				t.Errorf("alter with an empty partition: %v, want BadRequestError", err)
+			}
+			if err := hs.h.AlterOffsets(ctx, name, alter); err != nil {
+				t.Fatal(err)
+			}
+			got, err := hs.h.Offsets(ctx, name)
+			if err != nil || len(got.Offsets) != 1 || got.Offsets[0].Offset["position"] != int64(41) {
+				t.Fatalf("offsets after alter = %+v, %v", got, err)
+			}
+			committedBefore := len(rec.Committed(name))
+			if err := hs.h.Resume(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			hs.awaitRunning(name, 1)
+			if kind == kindReal {
+				// Resumed, the task continues after the altered offset.
+				awaitCommitted(t, rec, name, committedBefore+1)
+				first := rec.Committed(name)[committedBefore]
+				if pos, ok := sampleconn.Position(first.SourceOffset); !ok || pos != 42 {
+					t.Errorf("first record committed after the resume has offset %v, want position 42 (after the altered 41)", first.SourceOffset)
+				}
+			}
+			if err := hs.h.Stop(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			if err := hs.h.ResetOffsets(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := hs.h.Offsets(ctx, name); err != nil || len(got.Offsets) != 0 {
+				t.Errorf("offsets after reset = %+v (%v)", got, err)
+			}
+			if _, err := hs.h.Offsets(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("offsets of an unknown connector: %v", err)
+			}
+		})
 	}
 }
 
@@ -270,6 +314,7 @@ func TestSinkOffsetsEndpoints(t *testing.T) {
 	seeds := testenv.KafkaBrokers(t)
 	hs := &harness{t: t, kind: kindSync, dir: t.TempDir(), rec: rec, reg: testPlugins(t, rec), seeds: seeds}
 	hs.adm = newAdmin(t, seeds)
+	hs.dropKafkaObjectsAtCleanup()
 	hs.start()
 	ctx := testCtx(t)
 	name := testenv.Unique("sink-")
@@ -277,6 +322,7 @@ func TestSinkOffsetsEndpoints(t *testing.T) {
 	if _, err := hs.adm.CreateTopic(ctx, 2, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
+	hs.dropTopic(topic)
 	cfg := connect.Config{KeyConnectorClass: sampleconn.SinkClass, KeyTopics: topic}
 	if _, err := hs.h.CreateConnector(ctx, name, cfg, worker.TargetStopped); err != nil {
 		t.Fatal(err)
@@ -300,8 +346,8 @@ func TestSinkOffsetsEndpoints(t *testing.T) {
 	if err := hs.h.ResetOffsets(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := hs.h.Offsets(ctx, name); len(got.Offsets) != 0 {
-		t.Errorf("sink offsets after reset = %+v", got)
+	if got, err := hs.h.Offsets(ctx, name); err != nil || len(got.Offsets) != 0 {
+		t.Errorf("sink offsets after reset = %+v (%v)", got, err)
 	}
 	// Deleting the connector deletes the group too (nothing to delete here,
 	// which must not fail the deletion).
@@ -334,7 +380,10 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, _, _ := st.Connector(ctx, slow)
+			r, ok, err := st.Connector(ctx, slow)
+			if err != nil || !ok {
+				t.Fatalf("the stored record of %s: %v %v", slow, ok, err)
+			}
 			r.Target = worker.TargetRunning
 			if err := st.PutConnector(ctx, r); err != nil {
 				t.Fatal(err)
@@ -345,7 +394,9 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 			if err := st.Ledger(slow).Own(ctx, owned); err != nil {
 				t.Fatal(err)
 			}
-			st.Close()
+			if err := st.Close(); err != nil {
+				t.Fatal(err)
+			}
 
 			hs.start() // returns although slow's Start blocks
 			hs.awaitRunning(fine, 1)
@@ -395,14 +446,14 @@ func TestTopicsPersistAndReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs.restart()
-	if got, _ := hs.h.Topics(ctx, name); !slices.Equal(got, []string{topic}) {
-		t.Errorf("topics after restart = %v, want [%s]", got, topic)
+	if got, err := hs.h.Topics(ctx, name); err != nil || !slices.Equal(got, []string{topic}) {
+		t.Errorf("topics after restart = %v (%v), want [%s]", got, err, topic)
 	}
 	if err := hs.h.ResetTopics(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := hs.h.Topics(ctx, name); len(got) != 0 {
-		t.Errorf("topics after reset = %v", got)
+	if got, err := hs.h.Topics(ctx, name); err != nil || len(got) != 0 {
+		t.Errorf("topics after reset = %v (%v)", got, err)
 	}
 	if _, err := hs.h.Topics(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("topics of an unknown connector: %v", err)

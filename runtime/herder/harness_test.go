@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
@@ -79,6 +84,9 @@ type harness struct {
 	adm     *kadm.Client
 	extra   []Option
 	closeFn func()
+
+	mu          sync.Mutex
+	extraTopics []string // created by the test itself; dropped at cleanup
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -95,8 +103,88 @@ func newHarness(t testing.TB, kind, dir string, rec *sampleconn.Recorder, seeds 
 		seeds = testenv.KafkaBrokers(t)
 	}
 	hs := &harness{t: t, kind: kind, dir: dir, rec: rec, reg: testPlugins(t, rec), seeds: seeds, extra: extra}
+	// Registered before start: it runs after every Close of the herder.
+	hs.dropKafkaObjectsAtCleanup()
 	hs.start()
 	return hs
+}
+
+// dropKafkaObjectsAtCleanup makes the test's cleanup delete the topics and
+// consumer groups its connectors used (and those named with dropTopic), so
+// a run against a real broker (TIDYCONNECT_TEST_KAFKA_BROKERS) leaves
+// nothing behind; the in-process broker is discarded anyway. It does
+// nothing for a harness without Kafka. Register it before the herder
+// starts, so that it runs once the herder has stopped.
+func (hs *harness) dropKafkaObjectsAtCleanup() {
+	t := hs.t
+	if len(hs.seeds) == 0 {
+		return
+	}
+	t.Cleanup(func() {
+		connectors := map[string]bool{}
+		for _, c := range hs.rec.Calls() {
+			// "connector/<name>" or "task/<name>/<n>"
+			parts := strings.Split(c.Instance, "/")
+			if len(parts) >= 2 {
+				connectors[parts[1]] = true
+			}
+		}
+		hs.mu.Lock()
+		topics := map[string]bool{}
+		for _, tp := range hs.extraTopics {
+			topics[tp] = true
+		}
+		hs.mu.Unlock()
+		var groups []string
+		for c := range connectors {
+			groups = append(groups, SinkGroup(c))
+			for _, r := range hs.rec.Committed(c) {
+				topics[r.Topic] = true
+			}
+		}
+		if len(topics) == 0 && len(groups) == 0 {
+			return
+		}
+		cl, err := kgo.NewClient(kgo.SeedBrokers(hs.seeds...))
+		if err != nil {
+			t.Errorf("cleanup: a Kafka client to drop the test's topics and groups: %v", err)
+			return
+		}
+		defer cl.Close()
+		adm := kadm.NewClient(cl)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if len(groups) > 0 {
+			resp, err := adm.DeleteGroups(ctx, groups...)
+			if err != nil {
+				t.Errorf("cleanup: deleting the consumer groups %v: %v", groups, err)
+			}
+			for _, r := range resp {
+				if r.Err != nil && !errors.Is(r.Err, kerr.GroupIDNotFound) {
+					t.Errorf("cleanup: deleting the consumer group %s: %v", r.Group, r.Err)
+				}
+			}
+		}
+		if len(topics) > 0 {
+			names := slices.Sorted(maps.Keys(topics))
+			resp, err := adm.DeleteTopics(ctx, names...)
+			if err != nil {
+				t.Errorf("cleanup: deleting the topics %v: %v", names, err)
+			}
+			for _, r := range resp {
+				if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
+					t.Errorf("cleanup: deleting the topic %s: %v", r.Topic, r.Err)
+				}
+			}
+		}
+	})
+}
+
+// dropTopic has the test's cleanup delete topics the test created itself.
+func (hs *harness) dropTopic(topics ...string) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	hs.extraTopics = append(hs.extraTopics, topics...)
 }
 
 func (hs *harness) start() {
@@ -143,10 +231,15 @@ func (hs *harness) start() {
 			return
 		}
 		closed = true
-		if err := h.Close(context.Background()); err != nil {
+		// Bounded: a Close that hangs fails the test instead of the run.
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := h.Close(ctx); err != nil {
 			t.Errorf("Close: %v", err)
 		}
-		st.Close()
+		if err := st.Close(); err != nil {
+			t.Errorf("closing the store: %v", err)
+		}
 	}
 	t.Cleanup(hs.closeFn)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
@@ -49,17 +50,17 @@ func TestConnectorDeletedFlag(t *testing.T) {
 				t.Fatal(err)
 			}
 			pollUntil(t, "PAUSED", func() bool {
-				st, _ := hs.h.ConnectorStatus(context.Background(), name)
-				return st.Connector.State == worker.StatePaused
+				st, err := hs.h.ConnectorStatus(context.Background(), name)
+				return err == nil && st.Connector.State == worker.StatePaused
 			})
 		}, want{"", ""}},
 		{"stop (STOPPED target state)", func(t *testing.T, hs *harness, name string) {
 			if err := hs.h.Stop(testCtx(t), name); err != nil {
 				t.Fatal(err)
 			}
-			st, _ := hs.h.ConnectorStatus(context.Background(), name)
-			if st.Connector.State != worker.StateStopped || len(st.Tasks) != 0 {
-				t.Errorf("after stop: status %+v, want STOPPED without tasks", st)
+			st, err := hs.h.ConnectorStatus(context.Background(), name)
+			if err != nil || st.Connector.State != worker.StateStopped || len(st.Tasks) != 0 {
+				t.Errorf("after stop: status %+v (%v), want STOPPED without tasks", st, err)
 			}
 		}, want{"Stop(false)", "Stop(false)"}},
 		{"restart", func(t *testing.T, hs *harness, name string) {
@@ -77,7 +78,10 @@ func TestConnectorDeletedFlag(t *testing.T) {
 			}
 		}, want{"Stop(false)", "Stop(false)"}},
 		{"reconfiguration (PUT config)", func(t *testing.T, hs *harness, name string) {
-			info, _ := hs.h.ConnectorInfo(testCtx(t), name)
+			info, err := hs.h.ConnectorInfo(testCtx(t), name)
+			if err != nil {
+				t.Fatal(err)
+			}
 			cfg := info.Config.Clone()
 			cfg[sampleconn.KeyRate] = "300"
 			if _, created, err := hs.h.PutConnectorConfig(testCtx(t), name, cfg); err != nil || created {
@@ -143,8 +147,8 @@ func TestConnectorDeletedFlag(t *testing.T) {
 					if _, err := hs.h.ConnectorStatus(context.Background(), name); !errors.Is(err, ErrNotFound) {
 						t.Errorf("status after delete: %v, want ErrNotFound", err)
 					}
-					if led, _ := hs.st.Ledger(name).List(context.Background()); len(led) != 0 {
-						t.Errorf("ledger after delete = %v", led)
+					if led, err := hs.st.Ledger(name).List(context.Background()); err != nil || len(led) != 0 {
+						t.Errorf("ledger after delete = %v (%v), want empty", led, err)
 					}
 				} else if res := rec.Resources(); !slices.Equal(res, before) {
 					t.Errorf("resources after %s = %v, want unchanged %v", tc.name, res, before)
@@ -207,14 +211,14 @@ func TestCreateRejectsBadInput(t *testing.T) {
 			}
 		})
 	}
-	if recs, _ := hs.st.Connectors(context.Background()); len(recs) != 0 {
-		t.Errorf("persisted after bad requests: %v", recs)
+	if recs, err := hs.st.Connectors(context.Background()); err != nil || len(recs) != 0 {
+		t.Errorf("persisted after bad requests: %v (%v)", recs, err)
 	}
 	if calls := rec.Calls(); len(calls) != 0 {
 		t.Errorf("instances were started by bad requests: %v", calls)
 	}
-	if names, _ := hs.h.Connectors(context.Background()); len(names) != 0 {
-		t.Errorf("listed after bad requests: %v", names)
+	if names, err := hs.h.Connectors(context.Background()); err != nil || len(names) != 0 {
+		t.Errorf("listed after bad requests: %v (%v)", names, err)
 	}
 	// The unknown-class message names the available classes.
 	_, err := hs.h.CreateConnector(testCtx(t), "c", connect.Config{KeyConnectorClass: "nope"}, "")
@@ -254,17 +258,23 @@ func TestInitialStatesAndStatuses(t *testing.T) {
 					t.Fatal(err)
 				}
 				pollUntil(t, name+" state "+string(tc.state), func() bool {
-					st, _ := hs.h.ConnectorStatus(ctx, name)
-					return st.Connector.State == tc.state && len(st.Tasks) == tc.tasks
+					st, err := hs.h.ConnectorStatus(ctx, name)
+					return err == nil && st.Connector.State == tc.state && len(st.Tasks) == tc.tasks
 				})
-				st, _ := hs.h.ConnectorStatus(ctx, name)
+				st, err := hs.h.ConnectorStatus(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
 				if st.Connector.WorkerID == "" || slices.ContainsFunc(st.Tasks, func(ts TaskStatus) bool { return ts.WorkerID == "" }) {
 					t.Errorf("%s: a status without worker_id: %+v", name, st)
 				}
 			}
 			// A task whose Start failed is FAILED with the error as trace,
 			// and a task restart brings it back (here: fails again).
-			names, _ := hs.h.Connectors(ctx)
+			names, err := hs.h.Connectors(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 			failing := names[slices.IndexFunc(names, func(n string) bool { return strings.HasSuffix(n, "-3") })]
 			pollUntil(t, "task FAILED", func() bool {
 				ts, err := hs.h.TaskStatus(ctx, worker.TaskID{Connector: failing, Task: 0})
@@ -279,8 +289,8 @@ func TestInitialStatesAndStatuses(t *testing.T) {
 				t.Fatalf("a Start failure must not fail the create: %v", err)
 			}
 			pollUntil(t, "connector FAILED", func() bool {
-				st, _ := hs.h.ConnectorStatus(ctx, bad)
-				return st.Connector.State == worker.StateFailed && strings.Contains(st.Connector.Trace, "Start failed")
+				st, err := hs.h.ConnectorStatus(ctx, bad)
+				return err == nil && st.Connector.State == worker.StateFailed && strings.Contains(st.Connector.Trace, "Start failed")
 			})
 			// Restart with onlyFailed restarts only the failed connector.
 			st, err := hs.h.Restart(ctx, bad, true, true)
@@ -314,9 +324,9 @@ func TestDeleteCleanupFailureThenRetry(t *testing.T) {
 			if !errors.As(err, &de) || len(de.Remaining) == 0 {
 				t.Fatalf("DeleteConnector with failing cleanup: %v, want *DeletionError with remaining resources", err)
 			}
-			names, _ := hs.h.Connectors(ctx)
-			if !slices.Contains(names, name) {
-				t.Errorf("connector vanished after a failed deletion: %v", names)
+			names, err := hs.h.Connectors(ctx)
+			if err != nil || !slices.Contains(names, name) {
+				t.Errorf("connector vanished after a failed deletion: %v (%v)", names, err)
 			}
 			st, err := hs.h.ConnectorStatus(ctx, name)
 			if err != nil || st.Connector.State != worker.StateFailed || !strings.Contains(st.Connector.Trace, "cleanup failed") ||
@@ -344,8 +354,8 @@ func TestDeleteCleanupFailureThenRetry(t *testing.T) {
 			if res := rec.Resources(); len(res) != 0 {
 				t.Errorf("resources after successful retry: %v", res)
 			}
-			if ins, _ := hs.st.Intents(ctx); len(ins) != 0 {
-				t.Errorf("intents left: %v", ins)
+			if ins, err := hs.st.Intents(ctx); err != nil || len(ins) != 0 {
+				t.Errorf("intents left: %v (%v)", ins, err)
 			}
 			// The retry used a fresh cleanup-only instance that got Stop(true).
 			if got := stopCalls(rec, sampleconn.ConnectorInstance(name)); slices.Contains(got, "Stop(false)") {
@@ -414,8 +424,8 @@ func TestStartupCompletesPendingDeletion(t *testing.T) {
 	st.Close()
 
 	hs := newHarness(t, kindSync, dir, rec, nil)
-	if names, _ := hs.h.Connectors(ctx); len(names) != 0 {
-		t.Errorf("connectors after start-up = %v, want the pending deletion completed", names)
+	if names, err := hs.h.Connectors(ctx); err != nil || len(names) != 0 {
+		t.Errorf("connectors after start-up = %v (%v), want the pending deletion completed", names, err)
 	}
 	inst := sampleconn.ConnectorInstance(name)
 	if got := rec.CallsOf(inst); !slices.Equal(got, []string{"Start", "Stop(true)", "Stopped"}) {
@@ -427,8 +437,8 @@ func TestStartupCompletesPendingDeletion(t *testing.T) {
 	if r := rec.Resources(); len(r) != 0 {
 		t.Errorf("resources left = %v", r)
 	}
-	if offs, _ := hs.st.AllOffsets(ctx, name); len(offs) != 0 {
-		t.Errorf("offsets left = %v", offs)
+	if offs, err := hs.st.AllOffsets(ctx, name); err != nil || len(offs) != 0 {
+		t.Errorf("offsets left = %v (%v)", offs, err)
 	}
 }
 
@@ -450,7 +460,10 @@ func TestMaskingAndUnmask(t *testing.T) {
 	if _, _, err := hs.h.PutConnectorConfig(ctx, "m", info.Config); err != nil {
 		t.Fatal(err)
 	}
-	stored, _, _ := hs.st.Connector(ctx, "m")
+	stored, ok, err := hs.st.Connector(ctx, "m")
+	if err != nil || !ok {
+		t.Fatalf("stored record: %v %v", ok, err)
+	}
 	if stored.Config[sampleconn.KeyPassword] != "s3cret" || stored.Config[sampleconn.KeyURL] != "postgres://u:pw@h/db" || stored.Config["other.password"] != "x" {
 		t.Errorf("secrets overwritten by masks: %v", stored.Config)
 	}
@@ -459,7 +472,10 @@ func TestMaskingAndUnmask(t *testing.T) {
 	if _, err := hs.h.PatchConnectorConfig(ctx, "m", map[string]*string{sampleconn.KeyPassword: &np, "other.password": nil}); err != nil {
 		t.Fatal(err)
 	}
-	stored, _, _ = hs.st.Connector(ctx, "m")
+	stored, ok, err = hs.st.Connector(ctx, "m")
+	if err != nil || !ok {
+		t.Fatalf("stored record after PATCH: %v %v", ok, err)
+	}
 	if stored.Config[sampleconn.KeyPassword] != "new" {
 		t.Errorf("patched secret = %q", stored.Config[sampleconn.KeyPassword])
 	}
@@ -499,9 +515,9 @@ func TestValidate(t *testing.T) {
 	if _, err := hs.h.Validate(ctx, "nope", nil); err == nil {
 		t.Errorf("validate of an unknown class must fail")
 	}
-	ps, _ := hs.h.Plugins(ctx)
-	if len(ps) != 3 {
-		t.Errorf("plugins = %v", ps)
+	ps, err := hs.h.Plugins(ctx)
+	if err != nil || len(ps) != 3 {
+		t.Errorf("plugins = %v (%v)", ps, err)
 	}
 	if _, err := hs.h.PluginConfig(ctx, "nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("PluginConfig(nope) = %v", err)
@@ -572,8 +588,8 @@ func TestDeleteFromEveryState(t *testing.T) {
 				if res := rec.Resources(); len(res) != 0 {
 					t.Errorf("resources left: %v", res)
 				}
-				if names, _ := hs.h.Connectors(testCtx(t)); slices.Contains(names, name) {
-					t.Errorf("connector still listed")
+				if names, err := hs.h.Connectors(testCtx(t)); err != nil || slices.Contains(names, name) {
+					t.Errorf("connector still listed: %v (%v)", names, err)
 				}
 			})
 		}
@@ -593,10 +609,19 @@ func TestDeleteOutlivesItsRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	blockCleanup.Store(&release)
-	t.Cleanup(func() { blockCleanup.Store(nil) })
+	// Runs before the herder's Close (registered earlier): a test that
+	// fails before the release never leaves Stopped blocked.
+	t.Cleanup(func() {
+		unblock()
+		blockCleanup.Store(nil)
+	})
 
-	ctx, cancel := context.WithCancel(context.Background())
+	tctx := testCtx(t)
+	ctx, cancel := context.WithCancel(tctx)
+	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- hs.h.DeleteConnector(ctx, name) }()
 	pollUntil(t, "the deletion to reach the connector's cleanup", func() bool {
@@ -604,13 +629,18 @@ func TestDeleteOutlivesItsRequest(t *testing.T) {
 		return err == nil && st.Deletion != nil && st.Deletion.Phase == store.PhaseStoppingConnector
 	})
 	cancel() // the REST request's deadline
-	if err := <-done; err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "still running") {
-		t.Fatalf("DeleteConnector after its ctx ended: %v, want a still-running error", err)
+	select {
+	case err := <-done:
+		if err == nil || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "still running") {
+			t.Fatalf("DeleteConnector after its ctx ended: %v, want a still-running error", err)
+		}
+	case <-tctx.Done():
+		t.Fatal("DeleteConnector did not return after its ctx ended")
 	}
 	if st, err := hs.h.ConnectorStatus(context.Background(), name); err != nil || st.Deletion == nil {
 		t.Fatalf("status while the deletion carries on: %+v %v", st, err)
 	}
-	close(release)
+	unblock()
 	pollUntil(t, "the deletion to finish", func() bool {
 		_, err := hs.h.ConnectorStatus(context.Background(), name)
 		return errors.Is(err, ErrNotFound)

@@ -71,7 +71,14 @@ func TestAbandonedStaysAbandonedAfterLateFailure(t *testing.T) {
 	}
 	e := newEnv(t, WithPlugins(reg))
 	e.rec = rec
-	defer close(stuck.releaseStoped)
+	// Registered after newEnv, so they run before the worker's Close: a
+	// failing test never leaves the plugin calls blocked.
+	var releasePut, releaseStopped sync.Once
+	unblockPut := func() { releasePut.Do(func() { close(stuck.release) }) }
+	t.Cleanup(func() {
+		unblockPut()
+		releaseStopped.Do(func() { close(stuck.releaseStoped) })
+	})
 
 	name, topic := testenv.Unique("late-"), testenv.Unique("late-topic-")
 	produce(t, e.brokers, topic, 3, func(i int) string { return fmt.Sprint(i) })
@@ -81,11 +88,15 @@ func TestAbandonedStaysAbandonedAfterLateFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-stuck.blocking
+	select {
+	case <-stuck.blocking:
+	case <-e.ctx().Done():
+		t.Fatal("the first Put never began")
+	}
 	if err := e.w.StopTasks(e.ctx(), []TaskID{id}, false)[id]; !errors.Is(err, errAbandoned) {
 		t.Fatalf("StopTasks = %v, want the task abandoned", err)
 	}
-	close(stuck.release)
+	unblockPut()
 	e.awaitTaskState(id, StateFailed) // the late Put failed the loop; Stopped is still blocked
 	s, listed := e.w.TaskStatus(id)
 	if !listed || !s.Abandoned {

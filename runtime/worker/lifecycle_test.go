@@ -147,11 +147,13 @@ func TestStopDeliveredMoreThanOnce(t *testing.T) {
 // reported, does not hold up other tasks or Close, and still gets Stopped
 // once when its call returns.
 func TestGracefulTimeoutAbandons(t *testing.T) {
-	e := newEnv(t, WithGracefulTimeout(10*time.Second))
+	// The worker's graceful timeout is far longer than the test may take:
+	// only the connector's own 300 ms can end the stuck task's stop.
+	e := newEnv(t, WithGracefulTimeout(time.Hour))
 	stuck, other := testenv.Unique("stuck-"), testenv.Unique("other-")
 	topic := testenv.Unique("stuck-topic-")
 	produce(t, e.brokers, topic, 5, func(i int) string { return fmt.Sprint(i) })
-	// The per-connector key overrides the worker's 10s.
+	// The per-connector key overrides the worker's hour.
 	stuckCfg := sinkConfig(stuck, topic, sampleconn.KeyBlock, sampleconn.BlockIgnoreCtx, KeyGracefulTimeout, "300")
 	otherCfg := sourceConfig(other, topic, sampleconn.KeyBlock, sampleconn.BlockUntilCtx)
 	stuckID, err := e.startTask(stuckCfg, 0)
@@ -166,16 +168,18 @@ func TestGracefulTimeoutAbandons(t *testing.T) {
 	e.awaitCall(stuckInst+" Put blocking", 1)
 	e.awaitCall(sampleconn.TaskInstance(other, 0)+" Poll blocking", 1)
 
-	start := time.Now()
-	errs := e.w.StopTasks(e.ctx(), []TaskID{stuckID, otherID}, false)
+	sctx := e.ctx()
+	errs := e.w.StopTasks(sctx, []TaskID{stuckID, otherID}, false)
 	if !errors.Is(errs[stuckID], errAbandoned) {
 		t.Errorf("stuck task: %v, want abandoned", errs[stuckID])
 	}
 	if errs[otherID] != nil {
 		t.Errorf("other task: %v", errs[otherID])
 	}
-	if el := time.Since(start); el > 8*time.Second {
-		t.Errorf("StopTasks took %v: the connector's 300 ms graceful timeout was not used", el)
+	// A stop ended by the caller's context is reported abandoned too: the
+	// context must still be live, so the connector's 300 ms ended it.
+	if sctx.Err() != nil {
+		t.Errorf("StopTasks returned only when its context ended (%v): the connector's 300 ms graceful timeout was not used", sctx.Err())
 	}
 	e.checkStoppedLast(sampleconn.TaskInstance(other, 0))
 	if st, ok := e.w.TaskStatus(stuckID); !ok || !st.Abandoned {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -103,7 +104,9 @@ func newScripted(t *testing.T, poll func(ctx context.Context, n int) ([]connect.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = pe.w.Close(ctx)
+		if err := pe.w.Close(ctx); err != nil {
+			t.Errorf("closing the worker: %v", err)
+		}
 	})
 	return pe
 }
@@ -140,32 +143,6 @@ func (pe *scriptedEnv) adm() *kadm.Client {
 	return kadm.NewClient(cl)
 }
 
-// topicKeys reads every key in topic.
-func (pe *scriptedEnv) topicKeys(topic string) []string {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(pe.seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		pe.t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		pe.t.Fatal(err)
-	}
-	total := 0
-	ends.Each(func(o kadm.ListedOffset) { total += int(o.Offset) })
-	var out []string
-	for len(out) < total {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			break
-		}
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, string(r.Key)) })
-	}
-	return out
-}
-
 // rec is record i of a scripted source (source partition "0").
 func rec(topic string, i int, size int) connect.SourceRecord {
 	return connect.SourceRecord{Topic: topic, Partition: 0, Key: []byte(fmt.Sprint(i)), Value: randBytes(size),
@@ -186,13 +163,32 @@ func firstBatch(recs ...connect.SourceRecord) func(ctx context.Context, n int) (
 	}
 }
 
-// stall makes the broker sleep d before answering requests of key.
-func (pe *scriptedEnv) stall(key kmsg.Key, d time.Duration) {
+// stallUntilEnd makes the broker hold every request of key unanswered
+// until the test ends: only the worker can cut a wait for it short. The
+// returned channel is closed when the first such request has arrived.
+func (pe *scriptedEnv) stallUntilEnd(key kmsg.Key) <-chan struct{} {
+	end, arrived := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	// Runs before the worker's and the cluster's Close (registered
+	// earlier), so that neither waits for a held request.
+	pe.t.Cleanup(func() { close(end) })
 	pe.c.ControlKey(int16(key), func(kmsg.Request) (kmsg.Response, error, bool) {
 		pe.c.KeepControl()
-		pe.c.SleepControl(func() { time.Sleep(d) })
+		once.Do(func() { close(arrived) })
+		pe.c.SleepControl(func() { <-end })
 		return nil, nil, false
 	})
+	return arrived
+}
+
+// stalled waits until the stalled request has reached the broker.
+func (pe *scriptedEnv) stalled(arrived <-chan struct{}) {
+	pe.t.Helper()
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		pe.t.Fatal("the request to stall never reached the broker")
+	}
 }
 
 // polled waits until the task has polled n times.
@@ -213,17 +209,24 @@ func (pe *scriptedEnv) polled(n int) {
 	}
 }
 
-// stopWithin stops the task and checks that its Stopped ran within d.
-func (pe *scriptedEnv) stopWithin(id TaskID, d time.Duration) {
+// stopDespiteStall stops the task while Kafka holds a request of it
+// unanswered for as long as the test runs: the stop must end through the
+// graceful timeout (reported abandoned) or by cutting the request short,
+// and Stopped must run without the request having been answered.
+func (pe *scriptedEnv) stopDespiteStall(id TaskID) {
 	pe.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	start := time.Now()
-	_ = pe.w.StopTasks(ctx, []TaskID{id}, false)[id]
+	if err := pe.w.StopTasks(ctx, []TaskID{id}, false)[id]; err != nil && !errors.Is(err, errAbandoned) {
+		pe.t.Fatalf("StopTasks = %v, want nil or the task reported abandoned", err)
+	}
+	if ctx.Err() != nil {
+		pe.t.Fatalf("StopTasks returned only when its context ended: the graceful timeout did not end the stop")
+	}
 	select {
 	case <-pe.task.stopped:
-	case <-time.After(d - time.Since(start)):
-		pe.t.Fatalf("Stopped had not run %v after the stop", d)
+	case <-ctx.Done():
+		pe.t.Fatalf("Stopped had not run 20s after the stop, with the Kafka request still unanswered")
 	}
 }
 
@@ -268,14 +271,14 @@ func TestSourceTopicWithoutCreatePermission(t *testing.T) {
 }
 
 // TestStopCutsTopicCreationShort: a stop does not wait for a CreateTopics
-// that hangs (a stop was reported abandoned, and Stopped ran only when the
-// request timed out).
+// that hangs: Stopped runs although Kafka never answers it.
 func TestStopCutsTopicCreationShort(t *testing.T) {
 	pe := newScripted(t, firstBatch(rec("new-topic", 0, 10)), nil)
-	pe.stall(kmsg.CreateTopics, 8*time.Second)
+	arrived := pe.stallUntilEnd(kmsg.CreateTopics)
 	id := pe.start(KeyGracefulTimeout, "1000")
 	pe.polled(1)
-	pe.stopWithin(id, 3*time.Second)
+	pe.stalled(arrived)
+	pe.stopDespiteStall(id)
 }
 
 // TestStopWithABatchBeyondTheProducerBuffer: a Poll batch larger than any
@@ -291,10 +294,11 @@ func TestStopWithABatchBeyondTheProducerBuffer(t *testing.T) {
 	if _, err := pe.adm().CreateTopic(context.Background(), 1, 1, nil, topic); err != nil {
 		t.Fatal(err)
 	}
-	pe.stall(kmsg.Produce, 6*time.Second)
+	arrived := pe.stallUntilEnd(kmsg.Produce)
 	id := pe.start(KeyGracefulTimeout, "1000")
 	pe.polled(1)
-	pe.stopWithin(id, 4*time.Second)
+	pe.stalled(arrived)
+	pe.stopDespiteStall(id)
 }
 
 // TestFailedProduceIsReportedOnce: a task that failed on a record Kafka
@@ -315,7 +319,9 @@ func TestFailedProduceIsReportedOnce(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = pe.w.StopTasks(ctx, []TaskID{id}, false)[id]
+	if err := pe.w.StopTasks(ctx, []TaskID{id}, false)[id]; err != nil {
+		t.Errorf("StopTasks of the failed task: %v", err)
+	}
 	if n := strings.Count(logs.String(), "refused by Kafka while the task stopped"); n != 0 {
 		t.Errorf("the failure is reported %d more times as a refusal during the stop:\n%s", n, logs.String())
 	}

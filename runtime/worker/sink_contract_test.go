@@ -126,17 +126,19 @@ func TestPutBatchIsTheTasks(t *testing.T) {
 // nothing past the record, even when the task swallowed Report's error.
 func TestErrantReportInFlushFailsTheTask(t *testing.T) {
 	for _, swallow := range []bool{false, true} {
-		topic := testenv.Unique("flushreport-topic-")
-		e, _, id := startKeepingSink(t, &keepingSink{reportInFlush: true, swallow: swallow}, topic, func(brokers []string) {
-			produce(t, brokers, topic, 1, func(int) string { return "x" })
+		t.Run(fmt.Sprintf("swallow=%v", swallow), func(t *testing.T) {
+			topic := testenv.Unique("flushreport-topic-")
+			e, _, id := startKeepingSink(t, &keepingSink{reportInFlush: true, swallow: swallow}, topic, func(brokers []string) {
+				produce(t, brokers, topic, 1, func(int) string { return "x" })
+			})
+			s := e.awaitTaskState(id, StateFailed)
+			if !strings.Contains(s.Trace, "Flush") || !strings.Contains(s.Trace, "errors.tolerance is none") {
+				t.Errorf("trace %q, want the Flush and the tolerance", s.Trace)
+			}
+			if at := groupOffset(t, e.brokers, groupID(id.Connector), topic, 0); at > 0 {
+				t.Errorf("offset %d committed past the record that could not be delivered", at)
+			}
 		})
-		s := e.awaitTaskState(id, StateFailed)
-		if !strings.Contains(s.Trace, "Flush") || !strings.Contains(s.Trace, "errors.tolerance is none") {
-			t.Errorf("swallow=%v: trace %q, want the Flush and the tolerance", swallow, s.Trace)
-		}
-		if at := groupOffset(t, e.brokers, groupID(id.Connector), topic, 0); at > 0 {
-			t.Errorf("swallow=%v: offset %d committed past the record that could not be delivered", swallow, at)
-		}
 	}
 }
 

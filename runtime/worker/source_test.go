@@ -129,8 +129,6 @@ func TestSourceBackpressureBoundsInFlight(t *testing.T) {
 func TestSourceRecordPartitionHonoured(t *testing.T) {
 	// Partition -1 goes to the key partitioner; the sample source always
 	// uses -1, so check the partitioner directly for explicit partitions.
-	p := sourcePartitioner{def: nil}
-	_ = p
 	tp := &sourceTopicPartitioner{def: stickyForTest()}
 	for _, want := range []int32{0, 2, 1} {
 		r := recordWithPartition(want)
@@ -149,7 +147,6 @@ func TestSourceRecordPartitionHonoured(t *testing.T) {
 			t.Fatalf("a keyed record moved from partition %d to %d", first, got)
 		}
 	}
-	_ = fmt.Sprint()
 }
 
 // orderStore checks, at every Put, that the task's Stopped has not run yet.

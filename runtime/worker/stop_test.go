@@ -131,7 +131,12 @@ func TestCommitAckedFinalCommitsPastAFailure(t *testing.T) {
 				s.byPart["k"] = append(s.byPart["k"], p)
 			}
 			s.acked <- struct{}{}
-			_ = s.commitAcked(tc.final)
+			// A failed record is reported as the loop's error; it is not
+			// committed (nor anything behind it, while the loop runs).
+			wantErr := slices.Contains(tc.state, failed)
+			if err := s.commitAcked(tc.final); (err != nil) != wantErr || (wantErr && !errors.Is(err, failed)) {
+				t.Errorf("commitAcked = %v, want an error wrapping %v: %v", err, failed, wantErr)
+			}
 			var got []string
 			for _, batch := range task.got {
 				for _, r := range batch {
@@ -147,7 +152,9 @@ func TestCommitAckedFinalCommitsPastAFailure(t *testing.T) {
 			}
 			if tc.final {
 				n := len(task.got)
-				_ = s.commitAcked(true)
+				if err := s.commitAcked(true); (err != nil) != wantErr {
+					t.Errorf("second final commitAcked = %v, want an error: %v", err, wantErr)
+				}
 				if len(task.got) != n {
 					t.Errorf("a second final commit committed again: %v", task.got[n:])
 				}
@@ -451,14 +458,22 @@ func TestRestartWaitsForPreviousInstanceToFinish(t *testing.T) {
 		_, err := e.startTask(sinkConfig(name, topic), 0)
 		started <- err
 	}()
+	// Something that must not happen cannot be awaited: give the start
+	// 300 ms to (wrongly) return while the old Stopped is still blocked. A
+	// slow machine can only make this miss the bug, never fail wrongly.
 	select {
 	case err := <-started:
 		t.Fatalf("StartTask returned (%v) while the previous instance's Stopped was still running", err)
 	case <-time.After(300 * time.Millisecond):
 	}
 	e.rec.ReleaseBlocked()
-	if err := <-started; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-e.ctx().Done():
+		t.Fatal("StartTask did not return after the previous instance's Stopped was released")
 	}
 	calls := e.rec.CallsOf(inst)
 	stopped, restarted := slices.Index(calls, "Stopped"), -1
