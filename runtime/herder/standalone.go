@@ -1406,8 +1406,10 @@ func (h *Standalone) statusOf(c *conn) ConnectorStatus {
 		s = worker.Status{State: worker.StateFailed, Trace: failure}
 	case rec.Target == worker.TargetStopped:
 		s = worker.Status{State: worker.StateStopped}
-	case rec.Target == worker.TargetPaused && !ok:
-		s = worker.Status{State: worker.StatePaused} // paused while STOPPED: not started
+	case rec.Dormant || rec.Target == worker.TargetPaused && !ok:
+		// Paused while STOPPED (not started), whatever the worker last
+		// reported of the instance stopped before.
+		s = worker.Status{State: worker.StatePaused}
 	case ok:
 	default:
 		s = worker.Status{State: worker.StateUnassigned}

@@ -408,6 +408,14 @@ func TestEndToEndPauseStopped(t *testing.T) {
 	if got := e.states("p"); got != "RUNNING RUNNING RUNNING" {
 		t.Errorf("resumed: states %q, want the connector and its two tasks RUNNING", got)
 	}
+	// Stopped after it ran, then paused: PAUSED too, not what the worker
+	// last reported of the stopped instance.
+	e.expect("PUT", "/connectors/p/stop", "", 204)
+	mark = e.mark()
+	e.expect("PUT", "/connectors/p/pause", "", 202)
+	if got, calls := e.states("p"), e.callsSince(mark); got != "PAUSED" || len(calls) != 0 {
+		t.Errorf("stopped after running, then paused: states %q, calls %v; want PAUSED, nothing called", got, calls)
+	}
 }
 
 // A plugin's class and its alias are the same plugin to validate, either
