@@ -50,7 +50,7 @@ func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 	fs.StringVar(&cfg.dataDir, "data-dir", "./data", "`directory` for connector configs, offsets, ledgers, deletion intents and the embedded broker's data")
 	fs.StringVar(&cfg.bootstrapServers, "bootstrap-servers", "", "Kafka `brokers` (host:port, comma separated); empty starts the embedded broker")
 	fs.StringVar(&cfg.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "`host:port` of the embedded broker (127.0.0.1 only; port 0 picks a free one)")
-	fs.BoolVar(&cfg.embeddedKafkaSync, "embedded-kafka-sync", true, "fsync every batch the embedded broker writes: sources may drop what Kafka acknowledged (pgaudit deletes its audit rows) and this single broker has no replica, so without it a power loss can lose changes (`bool`; false trades that for throughput)")
+	fs.BoolVar(&cfg.embeddedKafkaSync, "embedded-kafka-sync", true, "fsync every batch the embedded broker writes: sources may drop what Kafka acknowledged (pgaudit deletes its audit rows) and this single broker has no replica, so without it a power loss can lose changes; --embedded-kafka-sync=false trades that for throughput")
 	fs.StringVar(&cfg.workerID, "worker-id", "", "worker `id` reported in statuses (default: host:port of the REST API)")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -101,12 +101,23 @@ func parseStandalone(args []string, out io.Writer, lookupEnv func(string) (strin
 			}
 			return nil, &usageError{fmt.Sprintf("%v; run with --help for the flags", err)}
 		}
-		if consumed := len(rest) - fs.NArg(); consumed > 0 && rest[consumed-1] == "--" {
+		consumed := len(rest) - fs.NArg()
+		if consumed > 0 && rest[consumed-1] == "--" {
 			files = append(files, fs.Args()...)
 			break
 		}
 		if fs.NArg() == 0 {
 			break
+		}
+		// "--embedded-kafka-sync false" reads false as a file (a boolean
+		// flag takes its value with =): say so rather than "no such file".
+		if v := fs.Arg(0); (v == "true" || v == "false") && consumed > 0 {
+			name := strings.TrimLeft(rest[consumed-1], "-")
+			if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") {
+				if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
+					return nil, &usageError{fmt.Sprintf("--%s takes its value with =: write --%s=%s", name, name, v)}
+				}
+			}
 		}
 		files = append(files, fs.Arg(0))
 		rest = fs.Args()[1:]

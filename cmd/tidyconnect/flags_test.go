@@ -62,6 +62,12 @@ func TestParseStandalone(t *testing.T) {
 				}
 			}},
 		{name: "after -- everything is a file", args: []string{"--", "--rest-addr"}, wantErr: []string{"connector file --rest-addr"}},
+		{name: "a boolean flag's value takes =", args: []string{"--embedded-kafka-sync", "false"}, wantErr: []string{"--embedded-kafka-sync=false"}},
+		{name: "a boolean flag with =", args: []string{"--embedded-kafka-sync=false"}, check: func(t *testing.T, c *config) {
+			if c.embeddedKafkaSync {
+				t.Errorf("parsed %+v", c)
+			}
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
