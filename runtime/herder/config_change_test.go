@@ -205,6 +205,11 @@ func TestClassChangeRefusedWhileTheConnectorOwnsResources(t *testing.T) {
 	if msg := ce.Fields[KeyConnectorClass][0]; !strings.Contains(msg, "owns") {
 		t.Errorf("the error should say why: %q", msg)
 	}
+	// Named also when the new plugin finds other problems (the sink lacks
+	// topics): fixing those would not make the change possible.
+	if _, err := h.PatchConnectorConfig(ctx, "owner", map[string]*string{KeyConnectorClass: new(sampleconn.SinkClass)}); !errors.As(err, &ce) || len(ce.Fields[KeyConnectorClass]) == 0 {
+		t.Errorf("PATCH changing connector.class to a sink, without its topics: %v, want a ConfigError naming %s", err, KeyConnectorClass)
+	}
 	if _, err := h.PatchConnectorConfig(ctx, "owner", map[string]*string{KeyConnectorClass: new("strict")}); !errors.As(err, &ce) {
 		t.Errorf("PATCH changing connector.class: %v, want a ConfigError", err)
 	}
@@ -373,5 +378,39 @@ func TestPausedWhileStoppedStaysUnstarted(t *testing.T) {
 	st, err := hs.h.ConnectorStatus(ctx, "p")
 	if err != nil || st.Connector.State != worker.StateRunning || len(st.Tasks) != 2 {
 		t.Errorf("resumed: %+v (%v), want RUNNING with 2 tasks", st, err)
+	}
+}
+
+// declaringConn declares tasks.max itself, with a check of its own, as a
+// plugin may.
+type declaringConn struct{ strictConn }
+
+func (declaringConn) Spec() connect.Spec {
+	return connect.Spec{Type: connect.TypeSource, Version: "1", Config: connect.ConfigDef{
+		{Name: KeyTasksMax, Type: connect.TypeInt, Default: "1", Validate: func(v string) error {
+			if v == "0" {
+				return errors.New("must be a positive integer")
+			}
+			return nil
+		}},
+	}}
+}
+
+// One problem, one message: a plugin that declares a common key does not
+// repeat, in its own words, what the runtime already says of it.
+func TestValidationReportsACommonKeyOnce(t *testing.T) {
+	p := connect.Plugin{Class: "declaring", NewConnector: func() connect.Connector { return &declaringConn{} }, NewTask: func() connect.Task { return nil }}
+	h, _, _ := openSync(t, t.TempDir(), p) // closed by its cleanup
+	v, err := h.Validate(testCtx(t), "declaring", connect.Config{KeyName: "d", KeyConnectorClass: "declaring", KeyTasksMax: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range v.Configs {
+		if k.Definition.Name == KeyTasksMax && len(k.Errors) != 1 {
+			t.Errorf("tasks.max=0: errors %q, want one", k.Errors)
+		}
+	}
+	if v.ErrorCount != 1 {
+		t.Errorf("error_count %d, want 1", v.ErrorCount)
 	}
 }

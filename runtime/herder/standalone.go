@@ -483,16 +483,24 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 		if hasPlugin {
 			cfg = spec.Config.Merge(CommonConfigDef(spec.Type)).Unmask(cfg, rec.Config)
 		}
-		p, _, errs := h.validate(ctx, name, cfg)
-		if len(errs) == 0 {
-			errs = h.classChangeErrors(ctx, name, rec.Config, p)
-		}
+		_, _, errs := h.validate(ctx, name, cfg)
+		mergeErrs(errs, h.classChangeErrorsFor(ctx, name, rec.Config, cfg))
 		if len(errs) > 0 {
 			return &ConfigError{Fields: errs}
 		}
 	}
 	h.interruptStart(name)
 	return nil
+}
+
+// classChangeErrorsFor is classChangeErrors for the class cfg names, if it
+// is an installed plugin (an unknown one is validation's to report).
+func (h *Standalone) classChangeErrorsFor(ctx context.Context, name string, old, cfg connect.Config) map[string][]string {
+	next, ok := h.plugins.Lookup(strings.TrimSpace(cfg[KeyConnectorClass]))
+	if !ok {
+		return nil
+	}
+	return h.classChangeErrors(ctx, name, old, next)
 }
 
 // classChangeErrors refuses a new connector.class while the connector owns
@@ -867,8 +875,16 @@ func (h *Standalone) validate(ctx context.Context, name string, cfg connect.Conf
 	}
 	inst := p.NewConnector()
 	spec := inst.Spec()
-	mergeErrs(errs, worker.ValidateCommon(spec.Type, cfg))
-	mergeErrs(errs, spec.Config.Validate(cfg))
+	common := worker.ValidateCommon(spec.Type, cfg)
+	mergeErrs(errs, common)
+	// A plugin that declares a common key too (tasks.max, topics,
+	// errors.tolerance) would report the same problem again in its own
+	// words: the runtime's message stands alone.
+	for k, msgs := range spec.Config.Validate(cfg) {
+		if len(common[k]) == 0 {
+			mergeErrs(errs, map[string][]string{k: msgs})
+		}
+	}
 	// The connector's own checks may reach external systems: only worth it
 	// once the definition checks pass.
 	if v, ok := inst.(connect.Validator); ok && len(errs) == 0 {
@@ -1127,9 +1143,9 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, c.rec.Config)
 	}
 	p, spec, errs := h.validate(ctx, c.name, cfg)
-	if len(errs) == 0 {
-		errs = h.classChangeErrors(ctx, c.name, c.rec.Config, p)
-	}
+	// Named whatever else is wrong: the other errors are the new plugin's,
+	// and fixing them would not make the change possible.
+	mergeErrs(errs, h.classChangeErrorsFor(ctx, c.name, c.rec.Config, cfg))
 	if len(errs) > 0 {
 		return ConnectorInfo{}, &ConfigError{Fields: errs}
 	}
