@@ -21,6 +21,7 @@ type config struct {
 	bootstrapServers  string
 	embeddedKafkaAddr string
 	embeddedKafkaSync bool
+	maxMessageBytes   int
 	workerID          string
 	logFormat         string
 	logLevel          string
@@ -39,6 +40,13 @@ func envName(flagName string) string {
 
 var errHelp = errors.New("help requested")
 
+// defaultMaxMessageBytes is Kafka's default message.max.bytes (and about
+// the producer's max.request.size); maxMaxMessageBytes bounds the flag.
+const (
+	defaultMaxMessageBytes = 1048588
+	maxMaxMessageBytes     = 512 << 20
+)
+
 // badFlagValue matches the flag package's error for an unparsable value.
 var badFlagValue = regexp.MustCompile(`^invalid value "(.*)" for flag -+([a-z-]+): `)
 
@@ -51,6 +59,7 @@ func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 	fs.StringVar(&cfg.bootstrapServers, "bootstrap-servers", "", "Kafka `brokers` (host:port, comma separated); empty starts the embedded broker")
 	fs.StringVar(&cfg.embeddedKafkaAddr, "embedded-kafka-addr", "127.0.0.1:9092", "`host:port` of the embedded broker (127.0.0.1 only; port 0 picks a free one)")
 	fs.BoolVar(&cfg.embeddedKafkaSync, "embedded-kafka-sync", true, "fsync every batch the embedded broker writes: sources may drop what Kafka acknowledged (pgaudit deletes its audit rows) and this single broker has no replica, so without it a power loss can lose changes; --embedded-kafka-sync=false trades that for throughput")
+	fs.IntVar(&cfg.maxMessageBytes, "max-message-bytes", defaultMaxMessageBytes, "largest record (`bytes`) the worker produces; also the embedded broker's message.max.bytes and, above Kafka's default, the max.message.bytes of topics created on demand. Raise it for large rows (pgaudit: one change's JSON, before and after images)")
 	fs.StringVar(&cfg.workerID, "worker-id", "", "worker `id` reported in statuses (default: host:port of the REST API)")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&cfg.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
@@ -206,6 +215,9 @@ func (c *config) check() []string {
 	}
 	if c.topicPartitions == 0 || c.topicPartitions < -1 || c.topicPartitions > 1<<20 {
 		bad("topic-partitions", "%d must be a positive number of partitions, or -1 for the broker default", c.topicPartitions)
+	}
+	if c.maxMessageBytes < 1024 || c.maxMessageBytes > maxMaxMessageBytes {
+		bad("max-message-bytes", "%d must be between 1024 and %d (512 MiB)", c.maxMessageBytes, maxMaxMessageBytes)
 	}
 	if c.topicReplication == 0 || c.topicReplication < -1 || c.topicReplication > 32767 {
 		bad("topic-replication-factor", "%d must be a positive replication factor, or -1 for the broker default", c.topicReplication)

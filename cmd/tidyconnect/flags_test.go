@@ -26,7 +26,7 @@ func TestParseStandalone(t *testing.T) {
 		{name: "defaults", check: func(t *testing.T, c *config) {
 			if c.restAddr != ":8083" || c.dataDir != "./data" || c.bootstrapServers != "" || c.embeddedKafkaAddr != "127.0.0.1:9092" ||
 				c.logFormat != "text" || c.logLevel != "info" || c.gracefulTimeout != 5*time.Second || c.deleteTimeout != 30*time.Second ||
-				c.topicPartitions != 1 || c.topicReplication != 1 || c.workerID != "" || !c.embeddedKafkaSync {
+				c.topicPartitions != 1 || c.topicReplication != 1 || c.workerID != "" || !c.embeddedKafkaSync || c.maxMessageBytes != 1048588 {
 				t.Errorf("defaults = %+v", c)
 			}
 		}},
@@ -62,6 +62,12 @@ func TestParseStandalone(t *testing.T) {
 				}
 			}},
 		{name: "after -- everything is a file", args: []string{"--", "--rest-addr"}, wantErr: []string{"connector file --rest-addr"}},
+		{name: "max message bytes out of range", args: []string{"--max-message-bytes", "10"}, wantErr: []string{"--max-message-bytes", "1024"}},
+		{name: "max message bytes raised", args: []string{"--max-message-bytes", "16777216"}, check: func(t *testing.T, c *config) {
+			if got := topicConfigs(c)["max.message.bytes"]; got != "16777216" {
+				t.Errorf("topic configs %v, want max.message.bytes 16777216", topicConfigs(c))
+			}
+		}},
 		{name: "a boolean flag's value takes =", args: []string{"--embedded-kafka-sync", "false"}, wantErr: []string{"--embedded-kafka-sync=false"}},
 		{name: "a boolean flag with =", args: []string{"--embedded-kafka-sync=false"}, check: func(t *testing.T, c *config) {
 			if c.embeddedKafkaSync {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -172,7 +173,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		seeds = servers
 		log.Info("using Kafka cluster", "bootstrap_servers", seeds)
 	} else {
-		eopts := []kafka.EmbeddedOpt{kafka.WithEmbeddedLogger(log), kafka.WithDefaultPartitions(max(cfg.topicPartitions, 1))}
+		eopts := []kafka.EmbeddedOpt{kafka.WithEmbeddedLogger(log), kafka.WithDefaultPartitions(max(cfg.topicPartitions, 1)), kafka.WithMaxMessageBytes(cfg.maxMessageBytes)}
 		if cfg.embeddedKafkaSync {
 			eopts = append(eopts, kafka.WithSyncWrites())
 		}
@@ -217,7 +218,8 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		herder.WithHookedWorker(func(hk herder.WorkerHooks) (herder.Worker, error) {
 			return worker.New(
 				worker.WithID(id), worker.WithPlugins(reg), worker.WithOffsetStore(st),
-				worker.WithKafka(seeds, kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn))),
+				worker.WithKafka(seeds, kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn)), kgo.ProducerBatchMaxBytes(int32(cfg.maxMessageBytes))),
+				worker.WithTopicConfigs(topicConfigs(cfg)),
 				worker.WithLogger(log), worker.WithStatusListener(hk.Status),
 				worker.WithTaskReconfigurationHandler(hk.Reconfigure),
 				worker.WithAbandonedTaskHandler(hk.AbandonedTaskGone),
@@ -287,4 +289,14 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 	closeHerder()
 	log.Info("stopped")
 	return runErr
+}
+
+// topicConfigs are the configs of topics the worker creates on demand: a
+// max.message.bytes that lets the largest record the worker produces
+// through, where that is above the broker's default.
+func topicConfigs(cfg *config) map[string]string {
+	if cfg.maxMessageBytes <= defaultMaxMessageBytes {
+		return nil
+	}
+	return map[string]string{"max.message.bytes": strconv.Itoa(cfg.maxMessageBytes)}
 }

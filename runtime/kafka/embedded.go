@@ -36,6 +36,7 @@ type embeddedCfg struct {
 	logger     *slog.Logger
 	partitions int
 	syncWrites bool
+	maxMessage int
 	extra      []kfake.Opt
 }
 
@@ -49,6 +50,10 @@ func WithDefaultPartitions(n int) EmbeddedOpt { return func(c *embeddedCfg) { c.
 
 // WithSyncWrites fsyncs every produced batch (slower, survives power loss).
 func WithSyncWrites() EmbeddedOpt { return func(c *embeddedCfg) { c.syncWrites = true } }
+
+// WithMaxMessageBytes sets the broker's message.max.bytes, the largest
+// record batch it accepts (Kafka's default, 1048588, when unset).
+func WithMaxMessageBytes(n int) EmbeddedOpt { return func(c *embeddedCfg) { c.maxMessage = n } }
 
 // WithKfakeOpts passes extra options to kfake.NewCluster.
 func WithKfakeOpts(opts ...kfake.Opt) EmbeddedOpt {
@@ -95,6 +100,9 @@ func StartEmbedded(ctx context.Context, dataDir, listenAddr string, opts ...Embe
 	}
 	if cfg.syncWrites {
 		kopts = append(kopts, kfake.SyncWrites())
+	}
+	if cfg.maxMessage > 0 {
+		kopts = append(kopts, kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(cfg.maxMessage)}))
 	}
 	kopts = append(kopts, cfg.extra...)
 	c, err := kfake.NewCluster(kopts...)

@@ -76,6 +76,9 @@ type TopicCreator struct {
 	// Logger, if set, is told of topics assumed to exist because the
 	// client may not create them.
 	Logger *slog.Logger
+	// Configs, if set, are the topic configs new topics are created with
+	// (e.g. max.message.bytes).
+	Configs map[string]*string
 
 	mu    sync.Mutex
 	known map[string]bool
@@ -107,7 +110,7 @@ func (c *TopicCreator) EnsureWith(ctx context.Context, partitions int32, replica
 	if len(missing) == 0 {
 		return nil
 	}
-	assumed, err := createTopics(ctx, c.adm, partitions, replicationFactor, missing...)
+	assumed, err := createTopics(ctx, c.adm, partitions, replicationFactor, c.Configs, missing...)
 	if err != nil {
 		return err
 	}
@@ -133,17 +136,17 @@ func (c *TopicCreator) EnsureWith(ctx context.Context, partitions int32, replica
 // before existence, so a topic an administrator made answers that way too,
 // and a topic that really is missing fails the first produce to it.
 func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, topics ...string) error {
-	_, err := createTopics(ctx, adm, partitions, replicationFactor, topics...)
+	_, err := createTopics(ctx, adm, partitions, replicationFactor, nil, topics...)
 	return err
 }
 
 // createTopics is EnsureTopics, also returning the topics assumed to exist
 // because the client may not create them.
-func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, topics ...string) (assumed []string, err error) {
+func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, configs map[string]*string, topics ...string) (assumed []string, err error) {
 	if len(topics) == 0 {
 		return nil, nil
 	}
-	resps, err := adm.CreateTopics(ctx, partitions, replicationFactor, nil, topics...)
+	resps, err := adm.CreateTopics(ctx, partitions, replicationFactor, configs, topics...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: creating topics %v: %w; check the brokers are reachable", topics, err)
 	}

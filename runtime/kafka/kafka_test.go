@@ -2,6 +2,8 @@ package kafka
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -229,5 +231,82 @@ func TestEnsureTopicsWithoutCreatePermission(t *testing.T) {
 	}
 	if !td.Has("made-by-an-admin") || !td.Has("another") {
 		t.Errorf("after the grant the topics were not created: %v", td.Names())
+	}
+}
+
+// Records larger than Kafka's default limit: the embedded broker takes
+// them up to WithMaxMessageBytes, and topics a creator with Configs makes
+// carry the topic config that lets them through on any broker.
+func TestLargeRecords(t *testing.T) {
+	ctx := testCtx(t)
+	const big = 2 << 20
+	for _, tc := range []struct {
+		name  string
+		limit int
+		ok    bool
+	}{
+		{"Kafka's default limit", 0, false},
+		{"raised limit", 4 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opts []EmbeddedOpt
+			if tc.limit > 0 {
+				opts = append(opts, WithMaxMessageBytes(tc.limit))
+			}
+			e, err := StartEmbedded(ctx, t.TempDir(), "127.0.0.1:0", append(opts, WithEmbeddedLogger(slog.New(slog.DiscardHandler)))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			cl, err := NewClient(e.Addrs(), slog.New(slog.DiscardHandler), kgo.ProducerBatchMaxBytes(8<<20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			if err := EnsureTopics(ctx, kadm.NewClient(cl), 1, 1, "large"); err != nil {
+				t.Fatal(err)
+			}
+			value := make([]byte, big)
+			_, _ = rand.Read(value) // incompressible: the broker measures the compressed batch
+			err = cl.ProduceSync(ctx, &kgo.Record{Topic: "large", Value: value}).FirstErr()
+			if tc.ok && err != nil {
+				t.Errorf("a %d-byte record with message.max.bytes %d: %v", big, tc.limit, err)
+			}
+			if !tc.ok && !errors.Is(err, kerr.MessageTooLarge) {
+				t.Errorf("a %d-byte record at the default limit: %v, want MESSAGE_TOO_LARGE", big, err)
+			}
+		})
+	}
+
+	cl, err := NewClient(testenv.KafkaBrokers(t), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	topic := testenv.Unique("large-")
+	t.Cleanup(func() { _, _ = adm.DeleteTopics(context.Background(), topic) })
+	tc := NewTopicCreator(cl, 1, 1)
+	limit := "8388608"
+	tc.Configs = map[string]*string{"max.message.bytes": &limit}
+	if err := tc.Ensure(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := adm.DescribeTopicConfigs(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rc.On(topic, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	for _, kv := range c.Configs {
+		if kv.Key == "max.message.bytes" && kv.Value != nil {
+			got = *kv.Value
+		}
+	}
+	if got != limit {
+		t.Errorf("max.message.bytes of the created topic: %q, want %s", got, limit)
 	}
 }

@@ -317,6 +317,11 @@ func TestFailedProduceIsReportedOnce(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A restart would meet the same record: the trace says what lets it
+	// through.
+	if tr := pe.lastStatus().Trace; !strings.Contains(tr, "MESSAGE_TOO_LARGE") || !strings.Contains(tr, "--max-message-bytes") || !strings.Contains(tr, "max.message.bytes") {
+		t.Errorf("trace %q, want the limit named and how to raise it", tr)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := pe.w.StopTasks(ctx, []TaskID{id}, false)[id]; err != nil {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -399,6 +400,10 @@ func (s *sourceLoop) commitAcked(final bool) error {
 			// Kafka Connect logs and carries on: the records are in Kafka.
 			s.t.log.Warn("source task Commit failed; the task may deliver these records again after a restart", "error", err, "records", len(acked))
 		}
+	}
+	if s.firstErr != nil && errors.Is(s.firstErr, kerr.MessageTooLarge) {
+		// A restart meets the same record: say what lets it through.
+		return fmt.Errorf("producing to Kafka failed: %w: a record is larger than the producer or the topic accepts; raise the worker's limit (tidyconnect standalone --max-message-bytes; topics it creates get that max.message.bytes) and, for a topic that exists already, its max.message.bytes (kafka-configs --alter --entity-type topics --add-config max.message.bytes=...), then restart the task; records from this one on are not committed and will be delivered again", s.firstErr)
 	}
 	if s.firstErr != nil && !errors.Is(s.firstErr, kgo.ErrClientClosed) {
 		return fmt.Errorf("producing to Kafka failed: %w; records from this one on are not committed and will be delivered again after a restart", s.firstErr)

@@ -34,6 +34,7 @@ type Worker struct {
 	maxInFlight      int
 	topicPartitions  int32
 	topicReplication int16
+	topicConfigs     map[string]*string
 	reconfigure      func(connector string)
 	abandonedGone    func(id TaskID)
 
@@ -103,6 +104,17 @@ func WithMaxInFlightRecords(n int) Opt { return func(w *Worker) { w.maxInFlight 
 // produce to; -1 means the broker's default (the default).
 func WithTopicCreation(partitions int32, replicationFactor int16) Opt {
 	return func(w *Worker) { w.topicPartitions, w.topicReplication = partitions, replicationFactor }
+}
+
+// WithTopicConfigs sets topic configs that topics created on demand get,
+// e.g. max.message.bytes for records larger than the broker's default.
+func WithTopicConfigs(configs map[string]string) Opt {
+	return func(w *Worker) {
+		w.topicConfigs = map[string]*string{}
+		for k, v := range configs {
+			w.topicConfigs[k] = &v
+		}
+	}
 }
 
 // WithTaskReconfigurationHandler sets what connect.Host's
@@ -188,6 +200,7 @@ func (w *Worker) kafkaAdmin() (*kafka.TopicCreator, error) {
 		w.admin, w.adminErr = kafka.NewClient(w.seeds, w.logger, w.kopts...)
 		if w.adminErr == nil {
 			w.creator = kafka.NewTopicCreator(w.admin, w.topicPartitions, w.topicReplication)
+			w.creator.Configs = w.topicConfigs
 			w.creator.Logger = w.logger
 		}
 	})
