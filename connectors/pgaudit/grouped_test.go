@@ -534,3 +534,22 @@ func TestGroupsCutByBytes(t *testing.T) {
 		})
 	}
 }
+
+// Images decoded column by column (a column was dropped since they were
+// written) are rendered as to_json renders a row, byte for byte: no spaces
+// around colons or after commas, json values as they were written.
+func TestImagesAfterDDLAreCompactLikeToJSON(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "evolving")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, label text, doc json, qty int)`)
+	r := startConnector(t, baseConfig(testenv.Unique("ddljson-"), url, auditSchemaFor(t, db), s+".evolving"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'a "b"', '{"k" :  [1, 2]}', NULL)`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` DROP COLUMN label`)
+	got := r.collect(1, true)
+	const want = `"after":{"id":1,"_column_2":"a \"b\"","_column_3":{"k" :  [1, 2]},"_column_4":null}`
+	if !strings.Contains(string(got[0].Raw), want) {
+		t.Errorf("record %s, want it to contain %s", got[0].Raw, want)
+	}
+}

@@ -169,6 +169,7 @@ type change struct {
 		Seq       int64  `json:"seq"`
 	} `json:"source"`
 	TsMS int64 `json:"ts_ms"`
+	Raw  []byte `json:"-"` // the record value as sent
 }
 
 func decode(t testing.TB, rec connect.SourceRecord) change {
@@ -180,6 +181,7 @@ func decode(t testing.TB, rec connect.SourceRecord) change {
 		t.Fatalf("record value %s is not the JSON envelope: %v", rec.Value, err)
 	}
 	c.Topic = rec.Topic
+	c.Raw = rec.Value
 	if rec.Key != nil {
 		d := json.NewDecoder(strings.NewReader(string(rec.Key)))
 		d.UseNumber()

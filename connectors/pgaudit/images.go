@@ -1,7 +1,6 @@
 package pgaudit
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -239,7 +238,7 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 			return
 		}
 		if len(out) > 1 {
-			out = append(out, ", "...)
+			out = append(out, ',')
 		}
 		out = append(out, members...)
 	}
@@ -261,7 +260,7 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 					return nil, err
 				}
 				members = appendJSONString(nil, names[i])
-				members = append(members, " : "...)
+				members = append(members, ':')
 				members = appendJSONString(members, `\x`+hex.EncodeToString(cols[i].value))
 			}
 			add(members)
@@ -270,24 +269,25 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 	return append(out, '}'), nil
 }
 
-// buildObjectMembers returns `"name" : value, ...` for the columns, each
-// value read by its own type's binary receive function.
+// buildObjectMembers returns `"name":value,...` for the columns, each value
+// read by its own type's binary receive function and rendered by to_json,
+// as to_json(row) renders every other image, byte for byte (json_build_object
+// would put spaces around the colons).
 func buildObjectMembers(ctx context.Context, conn *pgconn.PgConn, names []string, cols []recordColumn) ([]byte, error) {
 	var sql strings.Builder
-	sql.WriteString(`SELECT pg_catalog.json_build_object(`)
+	sql.WriteString(`SELECT `)
 	params := make([][]byte, 0, 2*len(cols))
 	oids := make([]uint32, 0, 2*len(cols))
 	formats := make([]int16, 0, 2*len(cols))
 	for i, c := range cols {
 		if i > 0 {
-			sql.WriteByte(',')
+			sql.WriteString(` OPERATOR(pg_catalog.||) ',' OPERATOR(pg_catalog.||) `)
 		}
-		fmt.Fprintf(&sql, "$%d::text, $%d", 2*i+1, 2*i+2)
+		fmt.Fprintf(&sql, "pg_catalog.to_json($%d::pg_catalog.text)::pg_catalog.text OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) COALESCE(pg_catalog.to_json($%d)::pg_catalog.text, 'null')", 2*i+1, 2*i+2)
 		params = append(params, []byte(names[i]), c.value)
 		oids = append(oids, 25, c.oid) // text, the column's own type
 		formats = append(formats, 0, 1)
 	}
-	sql.WriteString(`)::text`)
 	res := conn.ExecParams(ctx, sql.String(), params, oids, formats, []int16{0}).Read()
 	if res.Err != nil {
 		return nil, res.Err
@@ -295,9 +295,9 @@ func buildObjectMembers(ctx context.Context, conn *pgconn.PgConn, names []string
 	if len(res.Rows) != 1 {
 		return nil, fmt.Errorf("decoding one row image returned %d rows", len(res.Rows))
 	}
-	obj := res.Rows[0][0]
-	if len(obj) < 2 || obj[0] != '{' || obj[len(obj)-1] != '}' {
-		return nil, fmt.Errorf("json_build_object returned %q", obj)
+	members := res.Rows[0][0]
+	if len(members) == 0 {
+		return nil, errors.New("decoding one row image returned no members")
 	}
-	return bytes.TrimSpace(obj[1 : len(obj)-1]), nil
+	return members, nil
 }
