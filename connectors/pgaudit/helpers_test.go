@@ -168,7 +168,7 @@ type change struct {
 		TxID      uint64 `json:"txid"`
 		Seq       int64  `json:"seq"`
 	} `json:"source"`
-	TsMS int64 `json:"ts_ms"`
+	TsMS int64  `json:"ts_ms"`
 	Raw  []byte `json:"-"` // the record value as sent
 }
 
