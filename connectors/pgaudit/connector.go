@@ -859,7 +859,12 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 				return fmt.Errorf("%s: table %s is not configured but carries the connector's capture trigger %s, which this role cannot drop (it does not own the table; nothing was changed): drop the trigger as the table's owner (DROP TRIGGER %s ON %s), or add the table to %s",
 					KeyTables, ct.table.quoted(), pgx.Identifier{ct.trigger}.Sanitize(), pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted(), KeyTables)
 			}
-			h.Logger.Warn("dropping a capture trigger on a table that is not configured (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
+			if filedAs == ct.table {
+				// Taken out of tables on purpose: nothing unexpected.
+				h.Logger.Info("table removed from tables: dropping its capture trigger and the changes still waiting for it", "table", ct.table.String(), "trigger", ct.trigger)
+			} else {
+				h.Logger.Warn("dropping a capture trigger on a table that is not configured under its current name (renamed?); its waiting changes go with it", "table", ct.table.String(), "trigger", ct.trigger, "filed_as", filedAs.String())
+			}
 			fmt.Fprintf(&script, "DROP TRIGGER IF EXISTS %s ON %s;\n", pgx.Identifier{ct.trigger}.Sanitize(), ct.table.quoted())
 			delete(existing, ct.table.quoted()+" "+ct.trigger)
 			if st := (stray{ct.table, filedAs, ct.partitioned, ct.relid}); !slices.Contains(strays, st) {
