@@ -76,7 +76,12 @@ func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 		fmt.Fprintf(w, "(never as a deletion).\n\nFlags (each also settable by the environment variable shown; a flag wins):\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			name, u := flag.UnquoteUsage(f)
-			fmt.Fprintf(w, "  --%s %s\n", f.Name, name)
+			if name == "" { // a boolean: its value goes after =
+				name = "=true|false"
+				fmt.Fprintf(w, "  --%s%s\n", f.Name, name)
+			} else {
+				fmt.Fprintf(w, "  --%s %s\n", f.Name, name)
+			}
 			fmt.Fprintf(w, "        %s\n", u)
 			fmt.Fprintf(w, "        env %s", envName(f.Name))
 			if f.DefValue != "" {

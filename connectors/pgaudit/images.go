@@ -195,8 +195,8 @@ func shapeChanged(err error) bool {
 	return false
 }
 
-// maxPairsPerCall keeps json_build_object under PostgreSQL's limit of 100
-// arguments per function call.
+// maxPairsPerCall bounds the columns rendered by one query (a bound kept
+// from when one function call rendered them, with its 100-argument limit).
 const maxPairsPerCall = 50
 
 // decodeByColumn builds the JSON object of one record image from the
