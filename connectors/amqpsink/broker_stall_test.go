@@ -150,14 +150,7 @@ func TestBlockedBrokerDoesNotHoldPut(t *testing.T) {
 // task fails after rabbitmq.reconnect.timeout.ms, naming the broker's
 // reason.
 func TestRepublishRefusedEveryTimeBacksOff(t *testing.T) {
-	u := testenv.RabbitMQURL(t)
-	b := newBroker(t, u)
-	proxy, purl := newAMQPProxy(t, u)
-	cfg := baseConfig(t, purl, "poison")
-	cfg[KeyReconnectTimeout] = "3000"
-	name := cfg["name"]
-	cleanupByName(t, b, name, name+".poison")
-	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	proxy, s, _, _ := proxiedSink(t, "poison", "3000")
 	defer func() { _ = s.stop(true) }()
 	proxy.misroute(testenv.Unique("tc-missing-"))
 	before := proxy.connections()
@@ -221,14 +214,7 @@ func TestOutageGoesOn(t *testing.T) {
 // broker confirming the republished records in between, do not fail a task
 // whose reconnect timeout is 3 s.
 func TestTwoOutagesCloseTogetherDoNotAddUp(t *testing.T) {
-	u := testenv.RabbitMQURL(t)
-	b := newBroker(t, u)
-	proxy, purl := newAMQPProxy(t, u)
-	cfg := baseConfig(t, purl, "twice")
-	cfg[KeyReconnectTimeout] = "3000"
-	name := cfg["name"]
-	cleanupByName(t, b, name, name+".twice")
-	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	proxy, s, b, queue := proxiedSink(t, "twice", "3000")
 	defer func() { _ = s.stop(true) }()
 	tp := connect.TopicPartition{Topic: "twice", Partition: 0}
 	next := int64(0)
@@ -258,7 +244,7 @@ func TestTwoOutagesCloseTogetherDoNotAddUp(t *testing.T) {
 			t.Fatalf("after outage %d: flushed offset %d, want %d", outage, o, next)
 		}
 	}
-	b.awaitBodies(name+".twice", 0, int(next))
+	b.awaitBodies(queue, 0, int(next))
 }
 
 // A session that republished and then waited, blocked, longer than the
@@ -266,14 +252,7 @@ func TestTwoOutagesCloseTogetherDoNotAddUp(t *testing.T) {
 // ended in a broker restart) starts a fresh outage: the task reconnects to
 // the broker that is back instead of failing without a single attempt.
 func TestLongBlockThenDropReconnects(t *testing.T) {
-	u := testenv.RabbitMQURL(t)
-	b := newBroker(t, u)
-	proxy, purl := newAMQPProxy(t, u)
-	cfg := baseConfig(t, purl, "blk")
-	cfg[KeyReconnectTimeout] = "2000"
-	name := cfg["name"]
-	cleanupByName(t, b, name, name+".blk")
-	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	proxy, s, _, _ := proxiedSink(t, "blk", "2000")
 	defer func() { proxy.unblock(); _ = s.stop(true) }()
 
 	s.put(rec("blk", 0, 0, "", "v0"))
@@ -312,4 +291,20 @@ func awaitSessionGone(t *testing.T, task *Task) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// proxiedSink starts a sink task on topic whose connection goes through an
+// in-test AMQP proxy, with the given reconnect timeout (ms).
+// It returns the proxy, the sink, the test's broker view and the topic's
+// queue.
+func proxiedSink(t *testing.T, topic, reconnectTimeout string) (*amqpProxy, *sink, *broker, string) {
+	t.Helper()
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	proxy, purl := newAMQPProxy(t, u)
+	cfg := baseConfig(t, purl, topic)
+	cfg[KeyReconnectTimeout] = reconnectTimeout
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+"."+topic)
+	return proxy, startSink(t, cfg, connect.NewMemoryLedger(), &reporter{}), b, name + "." + topic
 }
