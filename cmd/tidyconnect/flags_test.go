@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func envMap(m map[string]string) func(string) (string, bool) {
@@ -67,6 +69,15 @@ func TestParseStandalone(t *testing.T) {
 			if got := topicConfigs(c)["max.message.bytes"]; got != "16777216" {
 				t.Errorf("topic configs %v, want max.message.bytes 16777216", topicConfigs(c))
 			}
+		}},
+		// Every accepted value makes a Kafka client franz-go accepts (its
+		// request bound must be at least the batch limit).
+		{name: "max message bytes at the top of its range", args: []string{"--max-message-bytes", "536870912"}, check: func(t *testing.T, c *config) {
+			cl, err := kgo.NewClient(append(recordSizeOpts(c), kgo.SeedBrokers("127.0.0.1:1"))...)
+			if err != nil {
+				t.Fatalf("a Kafka client for --max-message-bytes=%d: %v", c.maxMessageBytes, err)
+			}
+			cl.Close()
 		}},
 		{name: "a boolean flag's value takes =", args: []string{"--embedded-kafka-sync", "false"}, wantErr: []string{"--embedded-kafka-sync=false"}},
 		{name: "a boolean flag with =", args: []string{"--embedded-kafka-sync=false"}, check: func(t *testing.T, c *config) {

@@ -218,7 +218,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		herder.WithHookedWorker(func(hk herder.WorkerHooks) (herder.Worker, error) {
 			return worker.New(
 				worker.WithID(id), worker.WithPlugins(reg), worker.WithOffsetStore(st),
-				worker.WithKafka(seeds, kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn)), kgo.ProducerBatchMaxBytes(int32(cfg.maxMessageBytes))),
+				worker.WithKafka(seeds, append(recordSizeOpts(cfg), kgo.WithLogger(kafka.SlogLogger(log, kgo.LogLevelWarn)))...),
 				worker.WithTopicConfigs(topicConfigs(cfg)),
 				worker.WithLogger(log), worker.WithStatusListener(hk.Status),
 				worker.WithTaskReconfigurationHandler(hk.Reconfigure),
@@ -255,6 +255,12 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 			log.Info("created connector from file", "connector", cf.name, "file", cf.path)
 		case errors.Is(err, herder.ErrAlreadyExists):
 			log.Info("connector from file already exists; keeping the stored config", "connector", cf.name, "file", cf.path)
+		case ctx.Err() != nil:
+			// A signal while the file's connector was validated (a
+			// plugin reaching its system): a shutdown, not a bad file.
+			log.Info("shutting down during start-up (connectors are stopped, never deleted)")
+			closeHerder()
+			return nil
 		default:
 			closeHerder()
 			return &usageError{fmt.Sprintf("connector file %s: %v", cf.path, err)}
@@ -299,4 +305,18 @@ func topicConfigs(cfg *config) map[string]string {
 		return nil
 	}
 	return map[string]string{"max.message.bytes": strconv.Itoa(cfg.maxMessageBytes)}
+}
+
+// recordSizeOpts are the Kafka client options for records up to
+// --max-message-bytes: the producer's batch limit, and, for large limits,
+// the client's own request and response bounds (100 MiB by default), which
+// franz-go requires to be at least the batch limit.
+func recordSizeOpts(cfg *config) []kgo.Opt {
+	opts := []kgo.Opt{kgo.ProducerBatchMaxBytes(int32(cfg.maxMessageBytes))}
+	if cfg.maxMessageBytes > 64<<20 {
+		// Twice the record: room for a request's other batches and
+		// framing. The flag's 512 MiB bound keeps this within kgo's 1 GiB.
+		opts = append(opts, kgo.BrokerMaxWriteBytes(int32(2*cfg.maxMessageBytes)), kgo.BrokerMaxReadBytes(int32(2*cfg.maxMessageBytes)))
+	}
+	return opts
 }
