@@ -120,8 +120,9 @@ type session struct {
 	republished int
 	answered    bool
 	cut         bool
-	// opened is when connect made it, lost when its channel closed (the
-	// pump ended; guarded by Task.mu): see refusedWithin.
+	// opened is when connect finished with it (declared and republished),
+	// lost when its channel closed (the pump ended); both guarded by
+	// Task.mu: see refusedWithin.
 	opened, lost time.Time
 	// blocked is the broker's reason while it blocks the connection
 	// (connection.blocked: a memory or disk alarm), "" otherwise; guarded by
@@ -245,6 +246,11 @@ func (t *Task) connect(ctx context.Context) error {
 	if len(backlog) > 0 {
 		t.log.Info("republished unconfirmed messages after reconnecting", "count", len(backlog))
 	}
+	// Counted from here: republishing a large backlog may take longer
+	// than refusedWithin by itself.
+	t.mu.Lock()
+	sess.opened = time.Now()
+	t.mu.Unlock()
 	return nil
 }
 
