@@ -60,18 +60,7 @@ func TestTaskStopThatBlocksIsAbandonedNotWaitedFor(t *testing.T) {
 func TestConnectorStopThatBlocksHoldsUpNoRead(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx()
-	name := testenv.Unique("blockstop-")
-	cfg := sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyResources, "r")
-	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
-		t.Fatal(err)
-	}
-	inst := sampleconn.ConnectorInstance(name)
-	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if err := e.w.StopConnector(sctx, name, true); err == nil {
-		t.Fatal("StopConnector returned nil while Stop still blocks")
-	}
-	e.awaitCall(inst+" Stop blocking", 1)
+	name, inst := stopWithBlockingStop(t, e, ctx, "blockstop-", true)
 	var s Status
 	within(t, "ConnectorStatus", func() { s, _ = e.w.ConnectorStatus(name) })
 	if s.State != StateRunning {
@@ -283,16 +272,7 @@ func TestDeletionDuringAFailedTasksStopIsDelivered(t *testing.T) {
 func TestConnectorDeletionDuringAPlainStopIsDelivered(t *testing.T) {
 	e := newEnv(t)
 	ctx := e.ctx()
-	name := testenv.Unique("conndel-")
-	cfg := sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyResources, "r")
-	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
-		t.Fatal(err)
-	}
-	inst := sampleconn.ConnectorInstance(name)
-	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancel()
-	_ = e.w.StopConnector(sctx, name, false) // its Stop(false) blocks
-	e.awaitCall(inst+" Stop blocking", 1)
+	name, inst := stopWithBlockingStop(t, e, ctx, "conndel-", false) // its Stop(false) blocks
 	deleted := make(chan error, 1)
 	go func() { deleted <- e.w.StopConnector(ctx, name, true) }()
 	e.await("the deletion recorded", func() bool {
@@ -314,4 +294,24 @@ func TestConnectorDeletionDuringAPlainStopIsDelivered(t *testing.T) {
 	if e.rec.ResourceExists(inst + "/r") {
 		t.Errorf("the deletion did not drop %s", inst+"/r")
 	}
+}
+
+// stopWithBlockingStop starts a connector owning resource "r" whose Stop
+// blocks until the test releases it, and stops it (a deletion if deleted)
+// with a short deadline: StopConnector gives up while Stop still blocks.
+func stopWithBlockingStop(t *testing.T, e *env, ctx context.Context, prefix string, deleted bool) (name, inst string) {
+	t.Helper()
+	name = testenv.Unique(prefix)
+	cfg := sourceConfig(name, name, sampleconn.KeyBlockStop, "true", sampleconn.KeyResources, "r")
+	if err := e.w.StartConnector(ctx, ConnectorRun{Name: name, Config: cfg, Ledger: e.ledger, Target: TargetRunning}); err != nil {
+		t.Fatal(err)
+	}
+	inst = sampleconn.ConnectorInstance(name)
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := e.w.StopConnector(sctx, name, deleted); err == nil {
+		t.Fatal("StopConnector returned nil while Stop still blocks")
+	}
+	e.awaitCall(inst+" Stop blocking", 1)
+	return name, inst
 }
