@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
@@ -307,4 +309,81 @@ func proxiedSink(t *testing.T, topic, reconnectTimeout string) (*amqpProxy, *sin
 	name := cfg["name"]
 	cleanupByName(t, b, name, name+"."+topic)
 	return proxy, startSink(t, cfg, connect.NewMemoryLedger(), &reporter{}), b, name + "." + topic
+}
+
+// A Put whose context ends while its last publish is stuck in a blocked
+// write returns the context's error (the record stays in the backlog), not
+// nil as if it had been published.
+func TestCancelCutsTheLastPublish(t *testing.T) {
+	proxy, s, _, _ := proxiedSink(t, "last", "300000")
+	defer func() { proxy.unblock(); _ = s.stop(true) }()
+	s.put(rec("last", 0, 0, "", "v0"))
+	s.flush()
+	proxy.block("memory alarm")
+	body := strings.Repeat("x", 24<<20) // larger than every socket buffer on the way
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.task.Put(ctx, []connect.SinkRecord{rec("last", 0, 1, "", body)}) }()
+	if !eventually(30*time.Second, publishStuckInWrite) {
+		t.Fatal("the publish never got stuck in a write")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Put = %v, want context.Canceled (the record was not published)", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Put was not cut")
+	}
+}
+
+// Stop ends a Put that waits for the provisioning lock (another connector
+// holds it while the task declares a new topic's queue) without cutting the
+// healthy session connection: that wait is not I/O on the session.
+func TestStopDuringProvisionLockWait(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	_, vurl := testVhost(t, u)
+	cfg := baseConfig(t, vurl)
+	delete(cfg, KeyTopics)
+	cfg[KeyTopicsRegex] = `ev\..*`
+	logs := &testenv.SyncBuffer{}
+	lg := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s, err := tryStartSinkLogged(t, cfg, connect.NewMemoryLedger(), &reporter{}, lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("ev.a", 0, 0, "", "a0"))
+	s.flush()
+	holder, err := amqp.Dial(vurl) // another connector holds the provisioning lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	hch, err := holder.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hch.QueueDeclare(ProvisionLockQueue, false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.task.Put(context.Background(), []connect.SinkRecord{rec("ev.b", 0, 0, "", "b0")}) }()
+	// Nothing observable says the Put reached the lock wait: give it the
+	// moment a dial and a refused declare take.
+	time.Sleep(300 * time.Millisecond)
+	s.task.Stop(false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Put interrupted by Stop: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not end the wait for the provisioning lock")
+	}
+	if strings.Contains(logs.String(), "closing the connection") {
+		t.Errorf("the healthy session connection was cut; the wait was for the provisioning lock:\n%s", logs.String())
+	}
 }

@@ -224,12 +224,13 @@ func (t *Task) connect(ctx context.Context) error {
 	t.mu.Lock()
 	t.sess = sess
 	t.mu.Unlock()
-	t.topo = &topology{s: t.s, conn: conn, ledger: t.host.Ledger, log: t.log}
-	if err := t.onConn(conn, "declaring the exchange", func() error { return t.topo.ensureExchange(ctx) }); err != nil {
+	t.topo = &topology{s: t.s, conn: conn, ledger: t.host.Ledger, log: t.log,
+		io: func(fn func() error) error { return t.onConn(conn, "declaring the exchange, queues and bindings", fn) }}
+	if err := t.topo.ensureExchange(ctx); err != nil {
 		return err
 	}
 	for _, topic := range slices.Sorted(maps.Keys(t.known)) {
-		if err := t.onConn(conn, "declaring the queue of topic "+topic, func() error { return t.topo.ensureTopic(ctx, topic) }); err != nil {
+		if err := t.topo.ensureTopic(ctx, topic); err != nil {
 			return err
 		}
 	}
@@ -363,7 +364,7 @@ func (t *Task) ensureTopic(ctx context.Context, topic string) error {
 	if t.known[topic] {
 		return nil
 	}
-	if err := t.onConn(t.topo.conn, "declaring the queue of topic "+topic, func() error { return t.topo.ensureTopic(ctx, topic) }); err != nil {
+	if err := t.topo.ensureTopic(ctx, topic); err != nil {
 		return err
 	}
 	t.known[topic] = true
@@ -673,7 +674,10 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 	if t.fatal != nil {
 		return t.fatal
 	}
-	defer t.guard(ctx)()
+	// Stop ends the call's waits that only ctx bounds (the provisioning
+	// lock of a new topic's queue) as the end of ctx does.
+	ctx, release := t.guard(ctx, true)
+	defer release()
 	defer func() {
 		if err == nil || t.fatal != nil {
 			t.resume = nil
@@ -717,6 +721,12 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 				}
 				err = t.ensureTopic(ctx, r.Topic)
 			}
+			if err != nil && (t.stopping() || ctx.Err() != nil) {
+				// A stop or the end of the call cut the declare or the
+				// wait for the provisioning lock: the runtime puts the
+				// batch again.
+				return t.interrupted(ctx, errStopping)
+			}
 			if err != nil {
 				return fmt.Errorf("provisioning the queue for topic %q: %w", r.Topic, err)
 			}
@@ -744,6 +754,11 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 		}
 		if err := t.publish(ctx, sess, e); err != nil {
 			t.log.Debug("publish failed; will reconnect", "err", err)
+			if t.stopping() || ctx.Err() != nil {
+				// Cut by a stop or the end of the call (the record stays
+				// in the backlog): interrupted, even if it was the last.
+				return t.interrupted(ctx, errStopping)
+			}
 		}
 	}
 	return t.reportFailed(ctx)
@@ -793,6 +808,9 @@ func (t *Task) unpublishable(r connect.SinkRecord) string {
 // unconfirmed is ever flushed, so the records are simply delivered again.
 func (t *Task) interrupted(ctx context.Context, err error) error {
 	if errors.Is(err, errStopping) || ctx.Err() != nil {
+		if errors.Is(context.Cause(ctx), errStopping) {
+			return nil // a stop (guard cancelled the call's context), not the caller
+		}
 		return ctx.Err()
 	}
 	return err
@@ -828,7 +846,10 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 	if t.fatal != nil {
 		return t.offsets(), t.fatal
 	}
-	defer t.guard(ctx)()
+	// Not cancelled by Stop: the final Flush still waits for the confirms
+	// in flight, bounded by its context.
+	_, release := t.guard(ctx, false)
+	defer release()
 	// The runtime's final Flush comes after Stop: it still waits for the
 	// confirms of what is in flight, bounded by its ctx, so that a plain
 	// stop does not turn them into duplicates after the restart. It does
@@ -967,8 +988,10 @@ func (t *Task) onConn(conn *amqp.Connection, what string, fn func() error) error
 
 // guard watches one Put or Flush until the returned release is called (it
 // ends and joins the watcher): once the task is stopped or ctx ends, session
-// I/O that is still under way stuckIOGrace later is cut.
-func (t *Task) guard(ctx context.Context) (release func()) {
+// I/O that is still under way stuckIOGrace later is cut. The returned
+// context is ctx, also cancelled by a stop if stopCancels.
+func (t *Task) guard(ctx context.Context, stopCancels bool) (context.Context, func()) {
+	gctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -977,12 +1000,16 @@ func (t *Task) guard(ctx context.Context) (release func()) {
 			return
 		case <-ctx.Done():
 		case <-t.stopCh:
+			if stopCancels {
+				cancel(errStopping)
+			}
 		}
 		t.cutStuckIO(done)
 	})
-	return func() {
+	return gctx, func() {
 		close(done)
 		wg.Wait()
+		cancel(nil)
 	}
 }
 

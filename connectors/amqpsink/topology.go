@@ -88,18 +88,28 @@ type topology struct {
 	conn   *amqp.Connection
 	ledger connect.Ledger
 	log    *slog.Logger
+	// io, if set, runs each operation on conn (a task records it as I/O
+	// under way, which a stop may cut); the provisioning lock's waits and
+	// the ledger are not such I/O.
+	io func(fn func() error) error
 }
 
 func (tp *topology) withChannel(fn func(ch *amqp.Channel) error) error {
-	ch, err := tp.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("opening an AMQP channel: %w", err)
+	run := func() error {
+		ch, err := tp.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("opening an AMQP channel: %w", err)
+		}
+		err = fn(ch)
+		if !ch.IsClosed() {
+			_ = ch.Close()
+		}
+		return err
 	}
-	err = fn(ch)
-	if !ch.IsClosed() {
-		_ = ch.Close()
+	if tp.io != nil {
+		return tp.io(run)
 	}
-	return err
+	return run()
 }
 
 func (tp *topology) exchangeRes() connect.Resource {
@@ -304,13 +314,11 @@ func (tp *topology) lockProvisioning(ctx context.Context) (*amqp.Connection, err
 	}
 }
 
-// unlockProvisioning deletes the lock queue (so a waiter gets it at once)
-// and closes the lock's connection, which frees it in any case.
+// unlockProvisioning closes the lock's connection, which deletes the
+// exclusive lock queue and so frees the lock. No queue.delete first: a lock
+// queue whose process stalls would hold the caller without bound, past a
+// stop.
 func (tp *topology) unlockProvisioning(conn *amqp.Connection) {
-	_ = onChannel(conn, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDelete(ProvisionLockQueue, false, false, false)
-		return err
-	})
 	_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
 }
 
