@@ -37,6 +37,7 @@ func dial(ctx context.Context, s *settings, name string) (*amqp.Connection, erro
 	// cut ends a handshake in progress when ctx ends (a broker that accepts
 	// but does not answer held a Stop or a shutdown for the full 15 s).
 	var cut func() bool
+	var raw net.Conn // closed by hand when the handshake fails (amqp091 leaves it open)
 	conn, err := amqp.DialConfig(s.url, amqp.Config{
 		Properties: props,
 		Heartbeat:  10 * time.Second,
@@ -51,16 +52,23 @@ func dial(ctx context.Context, s *settings, name string) (*amqp.Connection, erro
 			// the deadline once the connection is open.
 			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
 			cut = context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
+			raw = c
 			return c, nil
 		},
 	})
 	if cut != nil && !cut() {
 		// ctx ended: the handshake was cut, or the deadline may be set on
 		// the open connection.
-		if conn != nil {
-			_ = conn.Close()
+		if raw != nil {
+			_ = raw.Close()
 		}
 		return nil, fmt.Errorf("connecting to RabbitMQ at %s: interrupted: %w", connect.MaskCredentials(s.url), context.Cause(ctx))
+	}
+	if err != nil && raw != nil {
+		// A failed handshake (refused credentials, a vhost the user may
+		// not open) leaves the socket and amqp091's reader until the
+		// broker's own timeout.
+		_ = raw.Close()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connecting to RabbitMQ at %s: %s; check %s and that the broker is running and reachable",
