@@ -387,3 +387,32 @@ func TestStopDuringProvisionLockWait(t *testing.T) {
 		t.Errorf("the healthy session connection was cut; the wait was for the provisioning lock:\n%s", logs.String())
 	}
 }
+
+// A Put whose context is already cancelled (a pause, a stop) publishes
+// nothing more of its batch; the batch put again afterwards is delivered
+// once.
+func TestCancelledPutPublishesNoMore(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	cfg := baseConfig(t, u, "paused")
+	name := cfg["name"]
+	cleanupByName(t, b, name, name+".paused")
+	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
+	defer func() { _ = s.stop(true) }()
+	s.put(rec("paused", 0, 0, "", "v0")) // the queue exists
+	s.flush()
+	batch := []connect.SinkRecord{rec("paused", 0, 1, "", "v1"), rec("paused", 0, 2, "", "v2")}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.task.Put(ctx, batch); !errors.Is(err, context.Canceled) {
+		t.Errorf("Put with a cancelled context: %v, want context.Canceled", err)
+	}
+	if n := b.messages(name + ".paused"); n != 1 {
+		t.Errorf("%d messages in the queue after the cancelled Put, want 1 (nothing of its batch)", n)
+	}
+	s.put(batch...)
+	if got := s.flush()[connect.TopicPartition{Topic: "paused", Partition: 0}]; got != 3 {
+		t.Errorf("flushed offset %d after the batch was put again, want 3", got)
+	}
+	b.awaitBodies(name+".paused", 0, 3)
+}

@@ -820,7 +820,9 @@ func (t *Task) interrupted(ctx context.Context, err error) error {
 // and returns a live session.
 func (t *Task) waitWindow(ctx context.Context) (*session, error) {
 	for {
-		if t.stopping() {
+		// A pause or stop cancels the call: publish no more of the batch
+		// (the runtime puts it again on resume, without what was taken).
+		if t.stopping() || ctx.Err() != nil {
 			return nil, errStopping
 		}
 		sess, err := t.ensureLive(ctx)
