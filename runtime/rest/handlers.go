@@ -482,7 +482,7 @@ func (s *server) alterOffsets(w http.ResponseWriter, r *http.Request) error {
 	if err := s.api.AlterOffsets(r.Context(), name, offs); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, messageDTO{Message: "The offsets for this connector have been altered successfully"})
+	writeJSON(w, http.StatusOK, messageDTO{Message: "The Connect framework-managed offsets for this connector have been altered successfully. However, if this connector manages offsets externally, they will need to be manually altered in the system that the connector uses."})
 	return nil
 }
 
@@ -490,7 +490,7 @@ func (s *server) resetOffsets(w http.ResponseWriter, r *http.Request) error {
 	if err := s.api.ResetOffsets(r.Context(), r.PathValue("c")); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, messageDTO{Message: "The offsets for this connector have been reset successfully"})
+	writeJSON(w, http.StatusOK, messageDTO{Message: "The Connect framework-managed offsets for this connector have been reset successfully. However, if this connector manages offsets externally, they will need to be manually reset in the system that the connector uses."})
 	return nil
 }
 
