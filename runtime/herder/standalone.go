@@ -481,7 +481,7 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 	if starting {
 		cfg := next(rec.Config.Clone())
 		if hasPlugin {
-			cfg = spec.Config.Merge(CommonConfigDef(spec.Type)).Unmask(cfg, rec.Config)
+			cfg = unmaskWith(spec, cfg, rec.Config)
 		}
 		_, _, errs := h.validate(ctx, name, cfg)
 		mergeErrs(errs, h.classChangeErrorsFor(ctx, name, rec.Config, cfg))
@@ -946,6 +946,12 @@ func maskWith(spec connect.Spec, cfg connect.Config) connect.Config {
 	return spec.Config.Merge(CommonConfigDef(spec.Type)).Mask(cfg)
 }
 
+// unmaskWith puts back the stored secrets of old where cfg carries their
+// masks (a client that read the masked config and wrote it back).
+func unmaskWith(spec connect.Spec, cfg, old connect.Config) connect.Config {
+	return spec.Config.Merge(CommonConfigDef(spec.Type)).Unmask(cfg, old)
+}
+
 func (h *Standalone) ConnectorInfo(ctx context.Context, name string) (ConnectorInfo, error) {
 	rec, spec, ok := h.snapshot(name)
 	if !ok {
@@ -1093,7 +1099,7 @@ func (h *Standalone) reconfigureDeletingLocked(ctx context.Context, c *conn, cfg
 		old = c.rec.Config
 	}
 	if c.hasPlugin {
-		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, old)
+		cfg = unmaskWith(c.spec, cfg, old)
 	}
 	p, spec, errs := h.validate(ctx, c.name, cfg)
 	if prev, ok := h.plugins.Lookup(old[KeyConnectorClass]); ok && (len(errs[KeyConnectorClass]) > 0 || p.Class != prev.Class) {
@@ -1140,7 +1146,7 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	if c.hasPlugin {
 		// A client that read the masked config and wrote it back must not
 		// replace the secret with the mask.
-		cfg = c.spec.Config.Merge(CommonConfigDef(c.spec.Type)).Unmask(cfg, c.rec.Config)
+		cfg = unmaskWith(c.spec, cfg, c.rec.Config)
 	}
 	p, spec, errs := h.validate(ctx, c.name, cfg)
 	// Named whatever else is wrong: the other errors are the new plugin's,
