@@ -103,17 +103,7 @@ type topology struct {
 }
 
 func (tp *topology) withChannel(fn func(ch *amqp.Channel) error) error {
-	run := func() error {
-		ch, err := tp.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("opening an AMQP channel: %w", err)
-		}
-		err = fn(ch)
-		if !ch.IsClosed() {
-			_ = ch.Close()
-		}
-		return err
-	}
+	run := func() error { return onChannel(tp.conn, fn) }
 	if tp.io != nil {
 		return tp.io(run)
 	}
