@@ -105,6 +105,9 @@ type slowStarts struct {
 	entered, interrupted chan struct{}
 	// started holds the configs of the Starts that succeeded.
 	started []connect.Config
+	// validated counts Validate calls for configs with slow.validate=once,
+	// which pass the first time and are refused after.
+	validated int
 }
 
 func newSlowStarts() *slowStarts {
@@ -149,6 +152,21 @@ func (c *slowConn) Start(ctx context.Context, cfg connect.Config) error {
 	s.mu.Lock()
 	s.started = append(s.started, cfg.Clone())
 	s.mu.Unlock()
+	return nil
+}
+
+// Validate refuses a config with slow.validate=once from its second check
+// on: an external system that changed between two checks of one request.
+func (c *slowConn) Validate(_ context.Context, cfg connect.Config) map[string][]string {
+	if cfg["slow.validate"] != "once" {
+		return nil
+	}
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	c.s.validated++
+	if c.s.validated > 1 {
+		return map[string][]string{"slow.validate": {"refused on a second look"}}
+	}
 	return nil
 }
 
@@ -300,6 +318,59 @@ func TestValidConfigChangeInterruptsAStart(t *testing.T) {
 	info, err := h.ConnectorInfo(ctx, "x")
 	if err != nil || info.Config["slow.note"] != "changed" {
 		t.Errorf("config after the change = %v (%v), want the new one", info.Config, err)
+	}
+}
+
+// A change that passed validation and so interrupted a Start from boot, but
+// was refused when validated again under the connector's lock, leaves the
+// connector as it would have been without the request: started again with
+// its old config, not FAILED with the interrupted Start's "context canceled".
+func TestChangeRefusedAfterInterruptingAStartStartsItAgain(t *testing.T) {
+	for _, method := range []string{"PUT", "PATCH"} {
+		t.Run(method, func(t *testing.T) {
+			ctx := testCtx(t)
+			slow, gate := newSlowStarts(), make(chan struct{})
+			var once sync.Once
+			t.Cleanup(func() { once.Do(func() { close(gate) }) }) // before the herder's Close
+			h, cfg := bootWithBlockedStart(t, ctx, slow, gate)
+			var err error
+			if method == "PUT" {
+				changed := cfg.Clone()
+				changed["slow.validate"] = "once"
+				_, _, err = h.PutConnectorConfig(ctx, "x", changed)
+			} else {
+				_, err = h.PatchConnectorConfig(ctx, "x", map[string]*string{"slow.validate": new("once")})
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || len(ce.Fields["slow.validate"]) == 0 {
+				t.Fatalf("%s refused on the second look: %v, want a ConfigError naming slow.validate", method, err)
+			}
+			select {
+			case <-slow.interrupted:
+			case <-ctx.Done():
+				t.Fatal("the change passed its first validation but never interrupted the start at boot")
+			}
+			var s ConnectorStatus
+			for {
+				if s, err = h.ConnectorStatus(ctx, "x"); err != nil {
+					t.Fatal(err)
+				}
+				if s.Connector.State == worker.StateRunning || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if s.Connector.State != worker.StateRunning {
+				t.Fatalf("after the refused change the connector is %s (%s), want RUNNING again", s.Connector.State, s.Connector.Trace)
+			}
+			if got := slow.lastStarted(); got == nil || got["slow.validate"] != "" {
+				t.Errorf("the connector was started again with %v, want its old config", got)
+			}
+			info, err := h.ConnectorInfo(ctx, "x")
+			if err != nil || info.Config["slow.validate"] != "" {
+				t.Errorf("config after the refused change = %v (%v), want the old one", info.Config, err)
+			}
+		})
 	}
 }
 

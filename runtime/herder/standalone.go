@@ -467,7 +467,12 @@ func (h *Standalone) interruptStart(name string) {
 // refuses the change: a refused request changes nothing, so it must not
 // leave the connector FAILED with the interrupted Start's "context
 // canceled". The request is validated again under the connector's lock.
-func (h *Standalone) interruptStartFor(ctx context.Context, name string, next func(connect.Config) connect.Config) error {
+//
+// interrupted says whether a start was interrupted: if validation under the
+// lock then refuses the change after all (a Validate that reaches an
+// external system, a ledger that gained an entry meanwhile), the caller
+// hands the connector to resumeInterruptedStart.
+func (h *Standalone) interruptStartFor(ctx context.Context, name string, next func(connect.Config) connect.Config) (interrupted bool, err error) {
 	h.mu.Lock()
 	c := h.conns[name]
 	starting := c != nil && c.cancelStart != nil && c.deletion == nil
@@ -486,11 +491,48 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 		_, _, errs := h.validate(ctx, name, cfg)
 		mergeErrs(errs, h.classChangeErrorsFor(ctx, name, rec.Config, cfg))
 		if len(errs) > 0 {
-			return &ConfigError{Fields: errs}
+			return false, &ConfigError{Fields: errs}
 		}
 	}
 	h.interruptStart(name)
-	return nil
+	return starting, nil
+}
+
+// resumeInterruptedStart starts again, in the background and under the
+// connector's lock, a connector whose start interruptStartFor interrupted
+// for a change that was then refused: the refused request must leave the
+// connector as it would have been without it, not FAILED with "context
+// canceled". Instances that came up healthy anyway are left alone.
+func (h *Standalone) resumeInterruptedStart(name string) {
+	h.inBackground(func() {
+		c, err := h.lookupLive(h.bgCtx, name)
+		if err != nil {
+			return
+		}
+		defer c.unlock()
+		if c.rec.Target == worker.TargetStopped || c.rec.Dormant || !c.hasPlugin {
+			return
+		}
+		st := h.statusOf(c)
+		healthy := c.running && st.Connector.State != worker.StateFailed
+		for _, t := range st.Tasks {
+			healthy = healthy && t.State != worker.StateFailed
+		}
+		if healthy {
+			return
+		}
+		sctx, cancel := context.WithCancel(h.bgCtx)
+		defer cancel()
+		h.mu.Lock()
+		c.cancelStart = cancel
+		h.mu.Unlock()
+		h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
+		h.stopAllLocked(sctx, c)
+		h.startLocked(sctx, c)
+		h.mu.Lock()
+		c.cancelStart = nil
+		h.mu.Unlock()
+	})
 }
 
 // classChangeErrorsFor is classChangeErrors for the class cfg names, if it
@@ -1038,7 +1080,8 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 			return info, err == nil, err
 		}
 	}
-	if err := h.interruptStartFor(ctx, name, func(connect.Config) connect.Config { return cfg }); err != nil {
+	interrupted, err := h.interruptStartFor(ctx, name, func(connect.Config) connect.Config { return cfg })
+	if err != nil {
 		return ConnectorInfo{}, false, err
 	}
 	c, err := h.lookup(ctx, name)
@@ -1051,7 +1094,17 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 		return info, false, err
 	}
 	info, err := h.reconfigureLocked(ctx, c, cfg)
+	h.resumeIfRefused(name, interrupted, err)
 	return info, false, err
+}
+
+// resumeIfRefused calls resumeInterruptedStart when a change that
+// interrupted a start was refused by validation under the lock.
+func (h *Standalone) resumeIfRefused(name string, interrupted bool, err error) {
+	var ce *ConfigError
+	if interrupted && errors.As(err, &ce) {
+		h.resumeInterruptedStart(name)
+	}
 }
 
 func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patch map[string]*string) (ConnectorInfo, error) {
@@ -1065,7 +1118,8 @@ func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patc
 		}
 		return cfg
 	}
-	if err := h.interruptStartFor(ctx, name, apply); err != nil {
+	interrupted, err := h.interruptStartFor(ctx, name, apply)
+	if err != nil {
 		return ConnectorInfo{}, err
 	}
 	c, err := h.lookup(ctx, name)
@@ -1082,7 +1136,9 @@ func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patc
 	if d != nil {
 		return h.reconfigureDeletingLocked(ctx, c, cfg)
 	}
-	return h.reconfigureLocked(ctx, c, cfg)
+	info, err := h.reconfigureLocked(ctx, c, cfg)
+	h.resumeIfRefused(name, interrupted, err)
+	return info, err
 }
 
 // reconfigureDeletingLocked replaces the config of a connector whose
