@@ -233,6 +233,9 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
        -- one (the ownership marker) need the table owner's rights
        coalesce(pg_has_role(c.relowner, 'USAGE'), false), coalesce(pg_get_userbyid(c.relowner)::text, ''),
        current_user::text,
+       -- naming the table (CREATE TRIGGER, COMMENT ON TRIGGER) needs USAGE
+       -- on its schema, also for its owner
+       coalesce(has_schema_privilege(ns.oid, 'USAGE'), false),
        -- a tidyconnect connector's own object (audit or wake-up table)
        coalesce(pg_catalog.obj_description(c.oid, 'pg_class'), ''),
        -- inheritance (not partitioning) children and parent
@@ -280,13 +283,14 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			sel, trig      bool
 			owns           bool
 			owner, user    string
+			schemaUsage    bool
 			comment        string
 			children       bool
 			parent         *string
 			ancSch, ancTab []string
 			noTrigger      []string // partitions without TRIGGER privilege
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &schemaUsage, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -320,6 +324,9 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 		default:
 			if *kind == "p" || partition {
 				rowLevel[t.quoted()] = true
+			}
+			if !schemaUsage {
+				problems = append(problems, fmt.Sprintf("role %s has no USAGE privilege on schema %s of table %s: GRANT USAGE ON SCHEMA %s TO %s", pgx.Identifier{user}.Sanitize(), pgx.Identifier{t.Schema}.Sanitize(), t.quoted(), pgx.Identifier{t.Schema}.Sanitize(), pgx.Identifier{user}.Sanitize()))
 			}
 			if !sel {
 				problems = append(problems, fmt.Sprintf("role %s has no SELECT privilege on table %s: GRANT SELECT ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))
@@ -444,23 +451,37 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 func checkAuditSchema(ctx context.Context, conn interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, s settings) (string, error) {
-	n := objectNames(s.name)
-	var schemaExists, canCreateIn, canCreateSchema, tableExists bool
+	var schemaExists, canUse, canCreateIn, canCreateSchema bool
+	var user string
 	err := conn.QueryRow(ctx, `
 SELECT ns.oid IS NOT NULL,
+       coalesce(has_schema_privilege(ns.oid, 'USAGE'), false),
        coalesce(has_schema_privilege(ns.oid, 'CREATE'), false),
        has_database_privilege(current_database(), 'CREATE'),
-       EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relnamespace = ns.oid AND c.relname = $2)
-FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = $1`, s.auditSchema, n.table).
-		Scan(&schemaExists, &canCreateIn, &canCreateSchema, &tableExists)
+       current_user::text
+FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = $1`, s.auditSchema).
+		Scan(&schemaExists, &canUse, &canCreateIn, &canCreateSchema, &user)
 	if err != nil {
 		return "", fmt.Errorf("checking the audit schema: %w", err)
+	}
+	// Every Start (re)creates the capture functions (CREATE OR REPLACE
+	// FUNCTION needs CREATE on the schema also when the function exists)
+	// and names the objects in the schema (USAGE): an existing audit table
+	// does not make either privilege unnecessary.
+	var missing []string
+	if schemaExists && !canUse {
+		missing = append(missing, "USAGE")
+	}
+	if schemaExists && !canCreateIn {
+		missing = append(missing, "CREATE")
 	}
 	switch {
 	case !schemaExists && !canCreateSchema:
 		return fmt.Sprintf("schema %s does not exist and this role may not create schemas: create it, or GRANT CREATE ON DATABASE", pgx.Identifier{s.auditSchema}.Sanitize()), nil
-	case schemaExists && !tableExists && !canCreateIn:
-		return fmt.Sprintf("this role may not create objects in schema %s: GRANT CREATE ON SCHEMA %s to it", pgx.Identifier{s.auditSchema}.Sanitize(), pgx.Identifier{s.auditSchema}.Sanitize()), nil
+	case len(missing) > 0:
+		q := pgx.Identifier{s.auditSchema}.Sanitize()
+		return fmt.Sprintf("role %s has no %s privilege on schema %s: GRANT %s ON SCHEMA %s TO %s",
+			pgx.Identifier{user}.Sanitize(), strings.Join(missing, " and "), q, strings.Join(missing, ", "), q, pgx.Identifier{user}.Sanitize()), nil
 	}
 	return "", nil
 }
@@ -526,6 +547,12 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	problems, rowLevel, err := checkTables(ctx, tx, s)
 	if err != nil {
 		return err
+	}
+	// Named by key, as the audit.schema problems below and Validate's
+	// answer are: a Start that fails later (a privilege revoked since
+	// validation) says which setting is at fault.
+	for i, p := range problems {
+		problems[i] = KeyTables + ": " + p
 	}
 	if s.rowLevel {
 		for _, t := range s.tables {
@@ -1189,6 +1216,11 @@ func resourceDB(r connect.Resource) string {
 	if r.Kind == KindSchema {
 		return r.Location
 	}
+	// parseQualified, not a cut at the first `/"`: a database name may
+	// contain that too.
+	if db, _, err := parseQualified(r.Location); err == nil {
+		return db
+	}
 	db, _, _ := strings.Cut(r.Location, `/"`)
 	return db
 }
@@ -1824,6 +1856,15 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 				return err
 			}
 			h.Logger.Info("keeping the audit schema: it holds objects this connector does not own", "resource", tg.r.String())
+		case errors.As(err, &pgErr) && pgErr.Code == "42501":
+			// Not this role's to drop: an audit schema another pgaudit
+			// connector's role made (shared, see provision), or one handed
+			// to another owner since. Failing here would roll back the
+			// drops above and leave the deletion incomplete for good.
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT tidyconnect_schema"); err != nil {
+				return err
+			}
+			h.Logger.Warn("keeping the audit schema: this role does not own it, so it may not drop it", "resource", tg.r.String())
 		case err != nil:
 			return fmt.Errorf("dropping %v: %w", tg.r, err)
 		}

@@ -245,18 +245,61 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// parseQualified parses a location written by location(): db/"schema" or
-// db/"schema"."table".
+// parseQualified parses a location written by tableRes and its kin:
+// db/"schema" or db/"schema"."table". The database name is not quoted and
+// may itself hold `/"` (CREATE DATABASE "a/""b"): the separator is the
+// first `/"` after which the rest is one or two complete quoted names.
 func parseQualified(loc string) (db string, parts []string, err error) {
-	i := strings.Index(loc, `/"`)
-	if i < 0 {
-		return "", nil, fmt.Errorf("ledger location %q is not db/\"schema\"[.\"table\"]", loc)
+	for i := 0; i < len(loc); i++ {
+		j := strings.Index(loc[i:], `/"`)
+		if j < 0 {
+			break
+		}
+		i += j
+		if parts, ok := quotedParts(loc[i+1:]); ok {
+			return loc[:i], parts, nil
+		}
 	}
-	parts, err = splitParts(loc[i+1:])
-	if err != nil {
-		return "", nil, fmt.Errorf("ledger location %q: %w", loc, err)
+	return "", nil, fmt.Errorf("ledger location %q is not db/\"schema\"[.\"table\"]", loc)
+}
+
+// quotedParts parses exactly "a" or "a"."b" (inner quotes doubled), as
+// pgx.Identifier.Sanitize writes them.
+func quotedParts(s string) ([]string, bool) {
+	var parts []string
+	for {
+		if !strings.HasPrefix(s, `"`) {
+			return nil, false
+		}
+		var b strings.Builder
+		i, closed := 1, false
+		for i < len(s) {
+			if s[i] == '"' {
+				if i+1 < len(s) && s[i+1] == '"' {
+					b.WriteByte('"')
+					i += 2
+					continue
+				}
+				closed = true
+				i++
+				break
+			}
+			b.WriteByte(s[i])
+			i++
+		}
+		if !closed {
+			return nil, false
+		}
+		parts = append(parts, b.String())
+		s = s[i:]
+		switch {
+		case s == "":
+			return parts, len(parts) <= 2
+		case s[0] != '.' || len(parts) == 2:
+			return nil, false
+		}
+		s = s[1:]
 	}
-	return loc[:i], parts, nil
 }
 
 // compareTables orders tables by schema, then name.
