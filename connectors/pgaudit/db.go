@@ -51,6 +51,10 @@ func connConfig(url, appName string) (*pgx.ConnConfig, error) {
 		return nil, fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(url), KeyURL)
 	}
 	cc.RuntimeParams["application_name"] = appName
+	// Names in the configuration are UTF-8: in a session with another
+	// encoding (a database's default is its own) they would not match the
+	// catalog's, and go garbled into the triggers' arguments.
+	cc.RuntimeParams["client_encoding"] = "UTF8"
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > 10*time.Second {
 		cc.ConnectTimeout = 10 * time.Second
 	}

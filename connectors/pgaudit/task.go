@@ -179,6 +179,18 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	// The task's session renders the row images as JSON: timestamptz values
 	// come out in UTC, whatever the writers' TimeZone was.
 	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	// The other settings to_json's output depends on are pinned too, as a
+	// database or role can default them otherwise: bytea in hex, dates in
+	// ranges in ISO, intervals as by default, and floats exact
+	// (extra_float_digits 0 would round them to 15 digits).
+	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO"
+	pc.ConnConfig.RuntimeParams["intervalstyle"] = "postgres"
+	pc.ConnConfig.RuntimeParams["bytea_output"] = "hex"
+	pc.ConnConfig.RuntimeParams["extra_float_digits"] = "1"
+	// The capture functions make images in UTF8, and records are UTF-8
+	// JSON: without this the session would take the database's (or the
+	// role's) default encoding, decode images by it and render in it.
+	pc.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
 		pc.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
@@ -1094,8 +1106,15 @@ func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete b
 	if img == nil {
 		img = before
 	}
-	var cols map[string]json.RawMessage
-	if err := json.Unmarshal(img, &cols); err != nil {
+	// Only the image's top level is read: encoding/json would parse every
+	// value, and refuses one nested deeper than 10000 levels, which a json
+	// or jsonb column can hold; the change would lose its key.
+	cols := map[string][]byte{}
+	if !objectMembers(img, func(name string, value []byte) {
+		if slices.Contains(m.pkCols, name) {
+			cols[name] = value
+		}
+	}) {
 		return nil, true
 	}
 	complete = true
@@ -1115,6 +1134,102 @@ func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete b
 		}
 	}
 	return append(out, '}'), complete
+}
+
+// objectMembers calls f with the name and raw value of each member of
+// the JSON object obj (as PostgreSQL renders it), without parsing the
+// values; it reports false if obj is not such an object.
+func objectMembers(obj []byte, f func(name string, value []byte)) bool {
+	p := skipJSONSpace(obj, 0)
+	if p >= len(obj) || obj[p] != '{' {
+		return false
+	}
+	p = skipJSONSpace(obj, p+1)
+	if p < len(obj) && obj[p] == '}' {
+		return true
+	}
+	for {
+		if p >= len(obj) || obj[p] != '"' {
+			return false
+		}
+		end := jsonStringEnd(obj, p)
+		var name string
+		if end < 0 || json.Unmarshal(obj[p:end], &name) != nil {
+			return false
+		}
+		p = skipJSONSpace(obj, end)
+		if p >= len(obj) || obj[p] != ':' {
+			return false
+		}
+		start := skipJSONSpace(obj, p+1)
+		end = jsonValueEnd(obj, start)
+		if end <= start {
+			return false
+		}
+		f(name, obj[start:end])
+		p = skipJSONSpace(obj, end)
+		if p >= len(obj) {
+			return false
+		}
+		switch obj[p] {
+		case ',':
+			p = skipJSONSpace(obj, p+1)
+		case '}':
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+func skipJSONSpace(b []byte, p int) int {
+	for p < len(b) && (b[p] == ' ' || b[p] == '\t' || b[p] == '\n' || b[p] == '\r') {
+		p++
+	}
+	return p
+}
+
+// jsonStringEnd returns the index after the string that starts at p, or -1.
+func jsonStringEnd(b []byte, p int) int {
+	for i := p + 1; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// jsonValueEnd returns the index after the member value that starts at p
+// (a scalar ends where the object goes on or ends), or -1.
+func jsonValueEnd(b []byte, p int) int {
+	depth := 0
+	for i := p; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			e := jsonStringEnd(b, i)
+			if e < 0 || depth == 0 {
+				return e
+			}
+			i = e - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // envelope is the record value:

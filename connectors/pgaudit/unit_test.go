@@ -145,6 +145,27 @@ func TestEnvelopeAndKey(t *testing.T) {
 	}
 }
 
+// TestKeyBesideDeepValues: the key is read from the image's top level
+// only, so a json or jsonb value nested deeper than encoding/json accepts
+// (PostgreSQL takes over 10000 levels), or holding brackets, quotes and
+// spacing of its own, does not cost the change its key.
+func TestKeyBesideDeepValues(t *testing.T) {
+	m := (&Task{s: settings{name: "c", topicPrefix: "p"}, db: "d"}).newMeta(tableName{"s", "t"}, []string{"b", "a\"q"})
+	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
+	for _, tt := range []struct{ img, want string }{
+		{`{"j":` + deep + `,"a\"q":1,"b":"x"}`, `{"b":"x","a\"q":1}`},
+		{`{"a\"q":-1.50e3,"j":{"k" : [ "]}\\\"" ,{}]} ,"b":  null  }`, `{"b":null,"a\"q":-1.50e3}`},
+		{`{"b":{"x":[1,{"y":"}"}]},"a\"q":true}`, `{"b":{"x":[1,{"y":"}"}]},"a\"q":true}`},
+	} {
+		if k, complete := m.key("c", nil, []byte(tt.img)); string(k) != tt.want || !complete {
+			t.Errorf("key of %.60s = %s (complete %v), want %s", tt.img, k, complete, tt.want)
+		}
+	}
+	if k, complete := m.key("c", nil, []byte(`{}`)); string(k) != `{"b":null,"a\"q":null}` || complete {
+		t.Errorf("key of an image without the key columns = %s (complete %v)", k, complete)
+	}
+}
+
 func TestConfigDefMasksURL(t *testing.T) {
 	masked := ConfigDef().Mask(connect.Config{KeyURL: "postgres://u:pw@h/db"})
 	if strings.Contains(masked[KeyURL], "pw@") {

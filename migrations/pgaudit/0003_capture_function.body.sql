@@ -12,7 +12,20 @@ DECLARE
     v_img_schema pg_catalog.text;
     v_img_table  pg_catalog.text;
     v_img_relid  pg_catalog.oid;
+    v_encoding   pg_catalog.text;
 BEGIN
+    -- record_send converts text, varchar, json, jsonb, enum labels and
+    -- the like to the writer's client_encoding, and the task reads images
+    -- as UTF8: a LATIN1 writer's images would come out garbled or as hex,
+    -- and a character its encoding lacks would fail the captured write.
+    -- Images are made in UTF8 whatever the writer's encoding (set back
+    -- before returning; an error rolls it back). A SQL_ASCII database
+    -- converts nothing. Writers in UTF8 pay only for the comparison.
+    IF pg_catalog.current_setting('client_encoding') OPERATOR(pg_catalog.<>) 'UTF8'
+       AND pg_catalog.current_setting('server_encoding') OPERATOR(pg_catalog.<>) 'SQL_ASCII' THEN
+        v_encoding := pg_catalog.current_setting('client_encoding');
+        PERFORM pg_catalog.set_config('client_encoding', 'UTF8', true);
+    END IF;
     IF v_table OPERATOR(pg_catalog.<>) TG_TABLE_NAME OR v_schema OPERATOR(pg_catalog.<>) TG_TABLE_SCHEMA THEN
         v_img_schema := TG_TABLE_SCHEMA;
         v_img_table := TG_TABLE_NAME;
@@ -148,6 +161,9 @@ BEGIN
     -- a server that answers NULL where it cannot tell) means notify.
     IF v_rows OPERATOR(pg_catalog.>) 0 AND COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) OPERATOR(pg_catalog.>) 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
+    END IF;
+    IF v_encoding IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('client_encoding', v_encoding, true);
     END IF;
     RETURN NULL;
 END

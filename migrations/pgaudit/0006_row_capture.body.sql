@@ -1,7 +1,15 @@
+DECLARE
+    v_encoding pg_catalog.text;
 BEGIN
     -- Runs with the writer's search_path (no SET clause, see the .up.sql):
-    -- every function, operator and table here is schema-qualified, and
-    -- there is no type name to resolve.
+    -- every function, operator, table and type here is schema-qualified.
+    -- Images are made in UTF8 whatever the writer's client_encoding, which
+    -- record_send converts text to (see 0003_capture_function.body.sql).
+    IF pg_catalog.current_setting('client_encoding') OPERATOR(pg_catalog.<>) 'UTF8'
+       AND pg_catalog.current_setting('server_encoding') OPERATOR(pg_catalog.<>) 'SQL_ASCII' THEN
+        v_encoding := pg_catalog.current_setting('client_encoding');
+        PERFORM pg_catalog.set_config('client_encoding', 'UTF8', true);
+    END IF;
     -- One audit row per changed row. An UPDATE that moves a row into
     -- another partition fires DELETE on the old partition and INSERT on the
     -- new one, as PostgreSQL's logical replication reports it.
@@ -19,6 +27,9 @@ BEGIN
     -- transaction's identical notifications are sent once.
     IF COALESCE(pg_catalog.pg_sequence_last_value({{.WaitersLiteral}}::pg_catalog.regclass), 1) OPERATOR(pg_catalog.>) 0 THEN
         PERFORM pg_catalog.pg_notify({{.Channel}}, '');
+    END IF;
+    IF v_encoding IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('client_encoding', v_encoding, true);
     END IF;
     RETURN NULL;
 END

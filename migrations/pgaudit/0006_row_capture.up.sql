@@ -15,7 +15,7 @@
 -- saving and restoring the setting cost about 11% of a bulk statement's
 -- capture (docs/decisions/0048). That is safe only because the body names
 -- nothing through the search path: every function, operator and table is
--- schema-qualified, and it declares no variables (no type names).
+-- schema-qualified, its one variable's type included.
 -- TestCaptureIgnoresSearchPath plants look-alikes to prove it.
 CREATE OR REPLACE FUNCTION {{.RowFunction}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
