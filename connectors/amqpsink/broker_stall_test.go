@@ -190,7 +190,7 @@ func TestOutageGoesOn(t *testing.T) {
 		want  bool
 	}{
 		{"first outage", true, &session{republished: 3, opened: now, lost: now}, false},
-		{"no session: the last reconnect was interrupted", false, nil, false},
+		{"no session: the last reconnect was interrupted (reconnect continues the outage, trying at once)", false, nil, false},
 		{"republished, nothing answered", false, &session{republished: 3, opened: now, lost: now.Add(10 * time.Millisecond)}, true},
 		{"republished and answered: healthy in between", false, &session{republished: 3, answered: true, opened: now, lost: now}, false},
 		{"nothing republished: idle between two outages", false, &session{opened: now, lost: now}, false},

@@ -64,8 +64,7 @@ type Task struct {
 	// wakeAt is how few unconfirmed messages the waiting call waits for (-1:
 	// nobody waits). The pump wakes it only then, or on a failure, so a full
 	// window refills in bursts instead of one wake-up per confirm.
-	wakeAt  int
-	deleted bool
+	wakeAt int
 }
 
 type entryState uint8
@@ -441,7 +440,8 @@ func (t *Task) stopping() bool {
 // still counts from the outage's start. Any other loss, e.g. of a session
 // that got a confirm, that republished nothing, or that the task cut
 // itself, starts a fresh outage, so two unrelated outages close together
-// never add up.
+// never add up. A reconnect that was interrupted before it connected (no
+// session since) is continued by the next one: same outage, same timeout.
 func (t *Task) reconnect(ctx context.Context) error {
 	t.mu.Lock()
 	lost := t.sess
@@ -450,14 +450,23 @@ func (t *Task) reconnect(ctx context.Context) error {
 		return err
 	}
 	var wait time.Duration
-	if goesOn, why := t.outageGoesOn(lost); goesOn {
+	goesOn, why := t.outageGoesOn(lost)
+	switch {
+	case goesOn:
 		if time.Since(t.out.since) > t.s.reconnect {
 			return fmt.Errorf("RabbitMQ has answered none of the republished messages for %v (%s): every reconnect since lost its channel before the broker confirmed anything, giving up: %w", t.s.reconnect, KeyReconnectTimeout, why)
 		}
 		wait = t.out.backoff
 		t.out.backoff = min(wait*2, maxReconnectBackoff)
 		t.log.Warn("the channel opened by the last reconnect was lost before RabbitMQ answered any republished message; backing off", "backoff", wait, "err", why)
-	} else {
+	case lost == nil && !t.out.since.IsZero():
+		// No session: the last reconnect ended before it connected (a pause
+		// cancelled its Put, a Flush's context ended). The outage goes on,
+		// so the timeout still counts from its start: a fresh one on every
+		// resume kept a task paused and resumed more often than the timeout
+		// RUNNING forever against a broker that never came back. The first
+		// attempt is made at once: the broker may be back.
+	default:
 		t.out = outage{since: time.Now(), backoff: minReconnectBackoff}
 	}
 	deadline := t.out.since.Add(t.s.reconnect)
@@ -743,7 +752,7 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 		p.entries = append(p.entries, e)
 		p.next = r.Offset + 1
 		t.mu.Unlock()
-		if reason := t.unpublishable(r); reason != "" {
+		if reason := t.unpublishable(r, e.msgID, sess.conn.Config.FrameSize); reason != "" {
 			// The client would fail the frame and close the connection:
 			// every reconnect would republish and fail again.
 			t.mu.Lock()
@@ -788,8 +797,22 @@ func messageID(r connect.SinkRecord) string {
 	return r.Topic[:maxShortString-len(suffix)-len(hash)] + hash + suffix
 }
 
-// unpublishable says why r cannot be published at all, or "".
-func (t *Task) unpublishable(r connect.SinkRecord) string {
+// unpublishable says why r cannot be published at all, or "". frameMax is
+// the connection's negotiated frame_max (0: none).
+func (t *Task) unpublishable(r connect.SinkRecord, msgID string, frameMax int) string {
+	// The properties, headers included, travel in one content header
+	// frame, which amqp091 does not split or check: the broker closes the
+	// connection on a larger one (FRAME_ERROR frame_too_large), and every
+	// reconnect republished it and failed again until the reconnect
+	// timeout, with an "unreachable" error. frame_max counts the 8 octets
+	// of frame header and end too. An upper bound first (duplicate header
+	// names only shrink the table), so the common record costs no second
+	// table.
+	if limit := frameMax - 8; frameMax > 0 && t.headerFrameBound(r, msgID) > limit {
+		if n := headerFramePayload(t.message(r, msgID)); n > limit {
+			return fmt.Sprintf("its headers and properties take %d bytes, more than fit in one AMQP frame (the broker's frame_max, %d)", n, frameMax)
+		}
+	}
 	if len(r.Value) > t.s.maxMessage {
 		return fmt.Sprintf("its value has %d bytes, more than %s=%d (the broker's max_message_size)", len(r.Value), KeyMaxMessageBytes, t.s.maxMessage)
 	}
@@ -802,6 +825,55 @@ func (t *Task) unpublishable(r connect.SinkRecord) string {
 		}
 	}
 	return ""
+}
+
+// headerFrameBound is at least headerFramePayload(t.message(r, msgID)).
+func (t *Task) headerFrameBound(r connect.SinkRecord, msgID string) int {
+	n := 2 + 2 + 8 + 2 + 1 + len(t.s.contentType) + 4 + 1 + 1 + len(msgID) + 8
+	n += 1 + len(HeaderTopic) + 5 + len(r.Topic) + 1 + len(HeaderPartition) + 5 +
+		1 + len(HeaderOffset) + 9 + 1 + len(HeaderKey) + 5 + len(r.Key)
+	for _, h := range r.Headers {
+		n += 1 + len(h.Key) + 5 + len(h.Value)
+	}
+	return n
+}
+
+// headerFramePayload is the size of the content header frame's payload
+// that amqp091 writes for p: class, weight, body size, property flags, then
+// the properties message sets (see its headerFrame.write and writeField).
+func headerFramePayload(p amqp.Publishing) int {
+	n := 2 + 2 + 8 + 2
+	if p.ContentType != "" {
+		n += 1 + len(p.ContentType)
+	}
+	if len(p.Headers) > 0 {
+		n += 4
+		for k, v := range p.Headers {
+			n += 1 + len(k)
+			switch v := v.(type) {
+			case string:
+				n += 5 + len(v)
+			case []byte:
+				n += 5 + len(v)
+			case int32:
+				n += 5
+			case int64:
+				n += 9
+			default: // not set by message
+				n += 9
+			}
+		}
+	}
+	if p.DeliveryMode > 0 {
+		n++
+	}
+	if p.MessageId != "" {
+		n += 1 + len(p.MessageId)
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
 }
 
 // interrupted maps a stop or cancellation to a quiet return: nothing
@@ -886,6 +958,9 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 			}
 			return t.offsets(), err
 		}
+		if sess == nil {
+			continue // the new channel closed at once: reconnect again (as waitWindow)
+		}
 		if err := t.wait(ctx, sess, 0); err != nil {
 			break
 		}
@@ -931,9 +1006,10 @@ func (t *Task) Close(_ context.Context, partitions []connect.TopicPartition) err
 	return nil
 }
 
+// Stop ends the task's waits and I/O. A deletion changes nothing here: the
+// topology is the connector's, dropped by its Stopped.
 func (t *Task) Stop(connectorDeleted bool) {
 	t.mu.Lock()
-	t.deleted = t.deleted || connectorDeleted
 	if t.stopCh == nil {
 		t.stopCh = make(chan struct{})
 	}
