@@ -797,6 +797,60 @@ func TestDeleteWhileUnreachable(t *testing.T) {
 	}
 }
 
+// TestStopCutsShortACommitThatWaits: Kafka acknowledged a batch and the
+// task's DELETE of it waits for the database (here for row locks someone
+// holds on the audit rows; likewise a server that stopped answering).
+// Commit's context is not cancelled by a stop (the runtime's outlasts its
+// graceful timeout, which then abandons the task), so Stop must cut the
+// DELETE short; the rows stay and are delivered again after a restart.
+func TestStopCutsShortACommitThatWaits(t *testing.T) {
+	override(t, &commitAfterStop, 300*time.Millisecond)
+	db, table, r := oneTable(t, "commitstop-", `(id int PRIMARY KEY)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g FROM generate_series(1, 5) g`)
+	task := r.tasks[0]
+	var recs []connect.SourceRecord
+	for len(recs) < 5 {
+		ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second)
+		batch, err := task.Poll(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, batch...)
+	}
+	locker := begin(t, db)
+	txExec(t, locker, `SELECT id FROM `+auditTable(r)+` FOR UPDATE`)
+	done := make(chan error, 1)
+	go func() { done <- task.Commit(context.Background(), recs) }()
+	await(t, 10*time.Second, func() (bool, string, error) {
+		var n int
+		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_stat_activity WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock'`, ApplicationNamePrefix(r.name)).Scan(&n)
+		return n > 0, "the task's DELETE never waited for the row locks", err
+	})
+	task.Stop(false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Commit cut short by Stop: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Commit still waits for the database 5 s after Stop")
+	}
+	if err := task.Stopped(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := locker.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	// Not deleted: the next instance delivers them again (at-least-once).
+	r2 := startConnector(t, r.cfg, r.ledger)
+	t.Cleanup(func() { _ = r2.stop(false) })
+	if again := r2.collect(5, true); len(again) != 5 {
+		t.Fatalf("%d changes delivered again, want 5", len(again))
+	}
+	r2.quiet()
+}
+
 // TestStopAloneInterruptsPoll: Stop interrupts a Poll blocked in its LISTEN
 // wait even when the runtime did not cancel the Poll's context.
 func TestStopAloneInterruptsPoll(t *testing.T) {

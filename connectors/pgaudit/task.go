@@ -924,6 +924,10 @@ func multirange(ids []int64) string {
 	return b.String()
 }
 
+// commitAfterStop is how long a Commit may go on waiting for the database
+// once Stop was called (a variable for tests).
+var commitAfterStop = 2 * time.Second
+
 // Commit deletes the rows whose changes are all acknowledged and records
 // how far partly acknowledged rows got, so a restart resumes inside them. A
 // lost connection keeps both for the next Poll (the rows stay excluded from
@@ -932,6 +936,17 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 	if len(acked) == 0 {
 		return nil
 	}
+	// The runtime's Commit context is not cancelled by Stop (records Kafka
+	// holds are to be confirmed) and outlasts its graceful timeout: a DELETE
+	// waiting for the database (row locks, a server that stopped answering)
+	// got the task abandoned. After Stop it gets commitAfterStop; what it
+	// did not finish stays pending for Stopped's last try.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.stopContext(), func() {
+		limit := time.AfterFunc(commitAfterStop, cancel)
+		context.AfterFunc(ctx, func() { limit.Stop() })
+	})()
 	touched := map[int64]*inflightRow{}
 	for _, r := range acked {
 		id, idx := offsetInt(r.SourceOffset["id"]), int(offsetInt(r.SourceOffset["idx"]))
@@ -1048,8 +1063,8 @@ func (t *Task) stopContext() context.Context {
 	return t.stopCtx
 }
 
-// Stop interrupts a blocking Poll or a running Start; the connections stay
-// open until Stopped.
+// Stop interrupts a blocking Poll or a running Start, and bounds a Commit
+// (commitAfterStop); the connections stay open until Stopped.
 func (t *Task) Stop(bool) {
 	t.stopContext()
 	t.stopMu.Lock()
