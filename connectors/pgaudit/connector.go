@@ -1665,6 +1665,23 @@ WHERE NOT tg.tgisinternal AND tg.tgname = ANY($2::text[]) AND tg.tgparentid = 0`
 // that is gone counts as dropped; one whose marker is not ours (someone
 // replaced it) and a schema that still holds others' objects are kept and
 // released, with a log line.
+// dropAdvice says what to do about a drop PostgreSQL refused for a reason
+// only the user can remove; nothing was dropped (one transaction), and
+// the deletion is retried.
+func dropAdvice(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "2BP01": // dependent_objects_still_exist
+		return fmt.Sprintf(" (nothing was dropped: objects the connector did not create depend on its objects: %s; drop them or remove the dependency, then retry the deletion)", strings.ReplaceAll(pgErr.Detail, "\n", "; "))
+	case "42501": // insufficient_privilege
+		return fmt.Sprintf(" (nothing was dropped: the role of %s may not drop them, for example because a captured table has another owner now; point %s at a role that may, or give ownership back, then retry the deletion)", KeyURL, KeyURL)
+	}
+	return ""
+}
+
 func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect.Host, rs []connect.Resource) error {
 	n := objectNames(connector)
 	tx, err := conn.Begin(ctx)
@@ -1840,7 +1857,7 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 	}
 	if drops := tableTriggers.String() + auditTriggers.String() + script.String(); drops != "" {
 		if _, err := tx.Exec(ctx, drops); err != nil {
-			return fmt.Errorf("dropping the owned objects: %w", err)
+			return fmt.Errorf("dropping the owned objects%s: %w", dropAdvice(err), err)
 		}
 	}
 	for _, tg := range schemas {

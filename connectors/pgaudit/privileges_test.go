@@ -158,3 +158,46 @@ func TestValidateUsageOnTheTablesSchema(t *testing.T) {
 		t.Errorf("the ledger lists %v after a refused Start", rs)
 	}
 }
+
+// A deletion PostgreSQL refuses because a user's object depends on the
+// audit table drops nothing (one transaction), and its error names the
+// dependent object and what to do; once that is gone the retried deletion
+// completes.
+func TestDeletionBlockedByADependentObjectSaysWhatToDo(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int PRIMARY KEY)`)
+	audit := auditSchemaFor(t, db)
+	cfg := baseConfig(testenv.Unique("dep-"), url, audit, s+".a")
+	l := connect.NewMemoryLedger()
+	r := startConnector(t, cfg, l)
+	view := qualified(s, "audit_view")
+	mustExec(t, db, `CREATE VIEW `+view+` AS SELECT id FROM `+auditTable(r))
+	err := r.stop(true)
+	if err == nil {
+		t.Fatal("the deletion succeeded although a view depends on the audit table")
+	}
+	for _, want := range []string{"nothing was dropped", "audit_view", "retry the deletion"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("deletion error %q does not say %q", err, want)
+		}
+	}
+	if rs, _ := l.List(ctx); len(rs) == 0 {
+		t.Error("the ledger was emptied although nothing was dropped")
+	}
+	mustExec(t, db, `DROP VIEW `+view)
+	if err := startConnector(t, cfg, l).stop(true); err != nil {
+		t.Fatalf("the retried deletion: %v", err)
+	}
+	if rs, _ := l.List(ctx); len(rs) != 0 {
+		t.Errorf("after the retried deletion the ledger lists %v", rs)
+	}
+	var triggers int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass`, qualified(s, "a")).Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	if triggers != 0 {
+		t.Errorf("%d triggers left on the captured table", triggers)
+	}
+}
