@@ -262,11 +262,22 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgparentid = 0
                                    AND (tg.tgname = $3 OR (tg.tgname = $4 AND pg_catalog.current_setting('server_version_num')::int >= 150000))
                                    AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
-                                                   || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}')
+                                                   || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}'),
+       -- a table gone under this name whose capture triggers still file
+       -- changes under it: renamed (or moved to another schema) since
+       (SELECT pg_catalog.string_agg(DISTINCT '"' || pg_catalog.replace(rns.nspname, '"', '""') || '"."' || pg_catalog.replace(rc.relname, '"', '""') || '"', ', ')
+        FROM pg_catalog.pg_trigger tg
+        JOIN pg_catalog.pg_class rc ON rc.oid = tg.tgrelid JOIN pg_catalog.pg_namespace rns ON rns.oid = rc.relnamespace
+        WHERE c.oid IS NULL AND tg.tgparentid = 0 AND NOT tg.tgisinternal
+          AND tg.tgfoid IN (pg_catalog.to_regprocedure($5), pg_catalog.to_regprocedure($6))
+          AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
+                          || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(s, n, i)
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
-ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.name).base+"_row")
+ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.name).base+"_row",
+		pgx.Identifier{s.auditSchema, objectNames(s.name).function}.Sanitize()+"()",
+		pgx.Identifier{s.auditSchema, objectNames(s.name).rowFunction}.Sanitize()+"()")
 	if err != nil {
 		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
@@ -289,8 +300,9 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			parent         *string
 			ancSch, ancTab []string
 			noTrigger      []string // partitions without TRIGGER privilege
+			renamedTo      *string  // a missing table's name now, from its capture triggers
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &schemaUsage, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &schemaUsage, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger, &renamedTo); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -303,6 +315,11 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			}
 		}
 		switch {
+		// Removing the old name from tables, as the message below says,
+		// would delete the changes waiting under it (docs/decisions/0049):
+		// a renamed table is named, so that they can be kept.
+		case kind == nil && renamedTo != nil:
+			problems = append(problems, fmt.Sprintf("table %s does not exist: it was renamed to %s, whose capture triggers still file its changes under %s; put the new name in %s instead of the old one, which moves its undelivered changes to it (removing the old name alone deletes them)", t.quoted(), *renamedTo, t.quoted(), KeyTables))
 		case kind == nil:
 			problems = append(problems, fmt.Sprintf("table %s does not exist: create it or remove it from %s", t.quoted(), KeyTables))
 		case *kind != "r" && *kind != "p":
