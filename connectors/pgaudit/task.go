@@ -182,11 +182,16 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	// The other settings to_json's output depends on are pinned too, as a
 	// database or role can default them otherwise: bytea in hex, dates in
 	// ranges in ISO, intervals as by default, and floats exact
-	// (extra_float_digits 0 would round them to 15 digits).
+	// (extra_float_digits 0 would round them to 15 digits). Only DateStyle
+	// goes in the startup packet; the rest are set once connected, because
+	// poolers such as PgBouncer refuse startup parameters they do not track.
 	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO"
-	pc.ConnConfig.RuntimeParams["intervalstyle"] = "postgres"
-	pc.ConnConfig.RuntimeParams["bytea_output"] = "hex"
-	pc.ConnConfig.RuntimeParams["extra_float_digits"] = "1"
+	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('intervalstyle', 'postgres', false),
+       pg_catalog.set_config('bytea_output', 'hex', false),
+       pg_catalog.set_config('extra_float_digits', '1', false)`)
+		return err
+	}
 	// The capture functions make images in UTF8, and records are UTF-8
 	// JSON: without this the session would take the database's (or the
 	// role's) default encoding, decode images by it and render in it.
