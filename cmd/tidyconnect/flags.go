@@ -47,8 +47,9 @@ const (
 	maxMaxMessageBytes     = 512 << 20
 )
 
-// badFlagValue matches the flag package's error for an unparsable value.
-var badFlagValue = regexp.MustCompile(`^invalid value "(.*)" for flag -+([a-z-]+): `)
+// badFlagValue matches the flag package's error for an unparsable value
+// ("invalid boolean value ... for -name" for a boolean flag).
+var badFlagValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-+([a-z-]+): `)
 
 func newStandaloneFlags(out io.Writer) (*flag.FlagSet, *config) {
 	cfg := &config{}
@@ -172,6 +173,8 @@ func typeHint(f *flag.Flag) string {
 			return "is not a duration; write it like 5s, 500ms or 1m"
 		case int:
 			return "is not a whole number"
+		case bool:
+			return "is not a boolean; write true or false"
 		}
 	}
 	return "is not a valid value"

@@ -80,6 +80,8 @@ func TestParseStandalone(t *testing.T) {
 			cl.Close()
 		}},
 		{name: "a boolean flag's value takes =", args: []string{"--embedded-kafka-sync", "false"}, wantErr: []string{"--embedded-kafka-sync=false"}},
+		{name: "unparsable boolean flag", args: []string{"--embedded-kafka-sync=maybe"}, wantErr: []string{"--embedded-kafka-sync (env TIDYCONNECT_EMBEDDED_KAFKA_SYNC)", "true or false"}},
+		{name: "unparsable boolean env", env: map[string]string{"TIDYCONNECT_EMBEDDED_KAFKA_SYNC": "maybe"}, wantErr: []string{"TIDYCONNECT_EMBEDDED_KAFKA_SYNC", "true or false"}},
 		{name: "a boolean flag with =", args: []string{"--embedded-kafka-sync=false"}, check: func(t *testing.T, c *config) {
 			if c.embeddedKafkaSync {
 				t.Errorf("parsed %+v", c)

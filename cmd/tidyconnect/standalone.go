@@ -179,7 +179,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		}
 		emb, err := kafka.StartEmbedded(ctx, filepath.Join(cfg.dataDir, "kafka"), cfg.embeddedKafkaAddr, eopts...)
 		if err != nil {
-			return fmt.Errorf("starting the embedded Kafka broker (set --bootstrap-servers to use a cluster instead): %w", err)
+			return fmt.Errorf("starting the embedded Kafka broker (--embedded-kafka-addr: choose a free port, or 127.0.0.1:0 for any; or set --bootstrap-servers to use a cluster instead): %w", err)
 		}
 		defer emb.Close()
 		seeds, clusterID = emb.Addrs(), emb.ClusterID()

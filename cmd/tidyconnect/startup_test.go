@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -65,5 +66,21 @@ func TestSignalWhileCreatingConnectorsFromFiles(t *testing.T) {
 	if code != 0 {
 		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 		t.Errorf("a signal during start-up: exit code %d, want 0; last line: %s", code, lines[len(lines)-1])
+	}
+}
+
+// A taken embedded-broker port exits 1 with a message naming the flag that
+// moves it.
+func TestEmbeddedBrokerPortTakenNamesTheFlag(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"standalone", "--data-dir", t.TempDir(), "--rest-addr", "127.0.0.1:0",
+		"--embedded-kafka-addr", ln.Addr().String()}, io.Discard, &stderr, func(string) (string, bool) { return "", false })
+	if code != exitError || !strings.Contains(stderr.String(), "--embedded-kafka-addr") {
+		t.Fatalf("exit %d, stderr %q; want %d and a message naming --embedded-kafka-addr", code, stderr.String(), exitError)
 	}
 }
