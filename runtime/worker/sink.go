@@ -50,6 +50,10 @@ type sinkLoop struct {
 // (decision 0013); WithKafka options may override it.
 const sinkSessionTimeout = 10 * time.Second
 
+// regexMetadataMaxAge is how often a topics.regex sink looks for new
+// matching topics.
+const regexMetadataMaxAge = 10 * time.Second
+
 // groupID is the consumer group of a sink connector, as Kafka Connect names it.
 func groupID(connector string) string { return "connect-" + connector }
 
@@ -75,7 +79,11 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 	if t.set.topicsRegex != "" {
 		// Kafka Connect matches whole topic names (Pattern.matches);
 		// franz-go matches anywhere in the name unless anchored.
-		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(anchoredRegex(t.set.topicsRegex)))
+		opts = append(opts, kgo.ConsumeRegex(), kgo.ConsumeTopics(anchoredRegex(t.set.topicsRegex)),
+			// New matching topics are found at a metadata refresh: Kafka's
+			// default of 5 minutes left a sink created together with its
+			// source idle that long.
+			kgo.MetadataMaxAge(regexMetadataMaxAge))
 		if t.set.dlqTopic != "" {
 			// Validation refuses a DLQ the regex matches; this keeps the
 			// sink from reading its own errant records regardless.

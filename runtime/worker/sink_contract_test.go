@@ -184,3 +184,21 @@ func TestDLQMatchedByTopicsRegexRefused(t *testing.T) {
 		}
 	}
 }
+
+// A topics.regex sink finds a matching topic created after it started
+// within its metadata refresh (10 s), not Kafka's default 5 minutes: a
+// sink created together with its source would sit idle that long.
+func TestTopicsRegexFindsALaterTopic(t *testing.T) {
+	e := newEnv(t)
+	name, prefix := testenv.Unique("rxlate-"), testenv.Unique("rxl")
+	produce(t, e.brokers, prefix+"-first", 1, func(i int) string { return fmt.Sprint("first", i) })
+	cfg := sinkConfig(name, "")
+	delete(cfg, KeyTopics)
+	cfg[KeyTopicsRegex] = prefix + "-.*"
+	if _, err := e.startTask(cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("the record of the topic that existed", func() bool { return len(e.rec.Sunk(name)) >= 1 })
+	produce(t, e.brokers, prefix+"-later", 2, func(i int) string { return fmt.Sprint("later", i) })
+	e.await("the records of the topic created later", func() bool { return len(e.rec.Sunk(name)) >= 3 })
+}
