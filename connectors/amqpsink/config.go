@@ -223,6 +223,15 @@ func checkName(n string) error {
 	return nil
 }
 
+// checkBindingKey checks a rendered binding key: AMQP carries it as a short
+// string, and amqp091 closes the whole connection on a longer one.
+func checkBindingKey(k string) error {
+	if len(k) > 255 {
+		return fmt.Errorf("the binding key %q has %d bytes, more than AMQP's 255", k, len(k))
+	}
+	return nil
+}
+
 // settings is a parsed, validated configuration.
 type settings struct {
 	connector    string
@@ -302,6 +311,35 @@ func validate(cfg connect.Config, withTopics bool) map[string][]string {
 		}
 	}
 	return errs
+}
+
+// checkTopicNames adds to errs, for a fixed topic list in cfg (defaults
+// applied), a queue name or binding key the broker or the client cannot
+// take: found before Start creates anything. An over-long binding key made
+// amqp091 close the connection after the exchange and queue were created,
+// and its ledger entry then failed every deletion. It is not part of
+// validate, which parse also runs for a cleanup-only instance: a connector
+// created with such a configuration must stay deletable.
+func checkTopicNames(cfg connect.Config, errs map[string][]string) {
+	if strings.TrimSpace(cfg[KeyTopicsRegex]) != "" {
+		return // the names are only known when a topic's first record arrives
+	}
+	topics := connect.SplitList(cfg[KeyTopics])
+	for _, topic := range topics {
+		if q := strings.ReplaceAll(cfg[KeyQueue], placeholderTopic, topic); checkName(q) != nil {
+			errs[KeyQueue] = append(errs[KeyQueue], fmt.Sprintf("queue name %q for topic %q: %v", q, topic, checkName(q)))
+			break
+		}
+	}
+	if t := cfg[KeyExchangeType]; t != "topic" && t != "direct" {
+		return // fanout and headers bindings have an empty key
+	}
+	for _, topic := range topics {
+		if err := checkBindingKey(bindingKeyOf(cfg[KeyRoutingKey], topic)); err != nil {
+			errs[KeyRoutingKey] = append(errs[KeyRoutingKey], fmt.Sprintf("for topic %q: %v", topic, err))
+			break
+		}
+	}
 }
 
 // validationError turns per-key messages into one error naming every key.
@@ -397,7 +435,11 @@ func (s *settings) routingKey(topic string, partition int32, key []byte) string 
 // bindingKey is the routing key the queue for topic is bound with: per-record
 // parts become a wildcard on a topic exchange.
 func (s *settings) bindingKey(topic string) string {
-	rk := strings.ReplaceAll(s.routingTmpl, placeholderTopic, topic)
+	return bindingKeyOf(s.routingTmpl, topic)
+}
+
+func bindingKeyOf(routingTmpl, topic string) string {
+	rk := strings.ReplaceAll(routingTmpl, placeholderTopic, topic)
 	rk = strings.ReplaceAll(rk, placeholderPartition, "*")
 	return strings.ReplaceAll(rk, placeholderKey, "#")
 }

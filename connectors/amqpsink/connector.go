@@ -63,7 +63,10 @@ func (c *Connector) Spec() connect.Spec { return spec() }
 // Validate checks what the ConfigDef cannot: key combinations and templates.
 // It does not contact the broker, so a config can be validated offline.
 func (c *Connector) Validate(_ context.Context, cfg connect.Config) map[string][]string {
-	return validate(configDef.WithDefaults(cfg), false)
+	cfg = configDef.WithDefaults(cfg)
+	errs := validate(cfg, false)
+	checkTopicNames(cfg, errs)
+	return errs
 }
 
 func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
@@ -77,6 +80,19 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 	if err != nil {
 		return err
 	}
+	if h.CleanupOnly {
+		// Stop(true) and Stopped follow at once; Stopped dials only if the
+		// ledger lists something to drop. A dial here failed Start against
+		// an unreachable broker, and the runtime then ran Stopped without
+		// the deletion: not even cleanup.on.delete=false, which needs no
+		// broker, could finish.
+		return nil
+	}
+	errs := map[string][]string{}
+	checkTopicNames(configDef.WithDefaults(cfg), errs)
+	if err := validationError(errs); err != nil {
+		return err
+	}
 	conn, err := dial(sctx, s, ConnectionName(s.connector, -1))
 	if err != nil {
 		return err
@@ -84,10 +100,10 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 	c.mu.Lock()
 	c.conn = conn
 	c.mu.Unlock()
-	if h.CleanupOnly {
-		return nil // Stop(true) and Stopped follow at once
-	}
 	tp := &topology{s: s, conn: conn, ledger: h.Ledger, log: h.Logger}
+	if err := tp.preflight(s.topics); err != nil {
+		return err
+	}
 	if err := tp.ensureExchange(sctx); err != nil {
 		return err
 	}

@@ -178,10 +178,8 @@ func (tp *topology) ensureExchange(ctx context.Context) error {
 	if ex == "" || strings.HasPrefix(ex, "amq.") {
 		return nil // the default and predefined exchanges always exist
 	}
-	created, err := tp.provision(ctx, "exchange", ex, KeyExchangeType, tp.exchangeRes(),
-		func(ch *amqp.Channel) error {
-			return ch.ExchangeDeclarePassive(ex, tp.s.exchangeType, true, false, false, false, nil)
-		},
+	passive, equivalent := tp.exchangeChecks()
+	created, err := tp.provision(ctx, "exchange", ex, KeyExchangeType, tp.exchangeRes(), passive,
 		func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(ex, tp.s.exchangeType, true, false, false, false, amqp.Table{OwnerArg: tp.s.connector})
 		})
@@ -192,10 +190,7 @@ func (tp *topology) ensureExchange(ctx context.Context) error {
 		return err
 	}
 	// It exists and is not ours: use it if it is equivalent.
-	err = tp.withChannel(func(ch *amqp.Channel) error {
-		return ch.ExchangeDeclare(ex, tp.s.exchangeType, true, false, false, false, nil)
-	})
-	if err != nil {
+	if err = tp.withChannel(equivalent); err != nil {
 		return tp.declareError("exchange", ex, KeyExchangeType, err)
 	}
 	return nil
@@ -334,10 +329,16 @@ func (tp *topology) ensureTopic(ctx context.Context, topic string) error {
 	if err := checkName(q); err != nil {
 		return fmt.Errorf("queue name %q from %s for topic %q: %w", q, KeyQueue, topic, err)
 	}
+	b := tp.bindingFor(topic)
+	// Checked before anything is created or recorded (topics.regex topics
+	// are only seen here): amqp091 refuses the frame and closes the
+	// connection, and the binding's ledger entry failed every deletion.
+	if err := checkBindingKey(b.key); err != nil {
+		return fmt.Errorf("%s for topic %q: %w", KeyRoutingKey, topic, err)
+	}
 	if err := tp.ensureQueue(ctx, q); err != nil {
 		return err
 	}
-	b := tp.bindingFor(topic)
 	// The marked binding is ours even between two objects that are not: its
 	// owner argument makes it distinct from any binding a person made.
 	if err := tp.ledger.Own(ctx, connect.Resource{Kind: KindBinding, Name: b.name(), Location: tp.s.location}); err != nil {
@@ -355,11 +356,8 @@ func (tp *topology) ensureTopic(ctx context.Context, topic string) error {
 // ensureQueue makes sure queue q exists with the configured type, owning it
 // only if this call creates it.
 func (tp *topology) ensureQueue(ctx context.Context, q string) error {
-	created, err := tp.provision(ctx, "queue", q, KeyQueueType, tp.queueRes(q),
-		func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
-			return err
-		},
+	passive, equivalent := tp.queueChecks(q)
+	created, err := tp.provision(ctx, "queue", q, KeyQueueType, tp.queueRes(q), passive,
 		func(ch *amqp.Channel) error {
 			_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": tp.s.queueType, OwnerArg: tp.s.connector})
 			return err
@@ -370,12 +368,69 @@ func (tp *topology) ensureQueue(ctx context.Context, q string) error {
 		}
 		return err
 	}
-	err = tp.withChannel(func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": tp.s.queueType})
-		return err
-	})
-	if err != nil {
+	if err = tp.withChannel(equivalent); err != nil {
 		return tp.declareError("queue", q, KeyQueueType, err)
+	}
+	return nil
+}
+
+// exchangeChecks returns the passive declare of the configured exchange and
+// the check that an existing one is equivalent to the configuration (a
+// declare without the owner marker, which RabbitMQ leaves out of it).
+func (tp *topology) exchangeChecks() (passive, equivalent func(ch *amqp.Channel) error) {
+	ex := tp.s.exchange
+	return func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclarePassive(ex, tp.s.exchangeType, true, false, false, false, nil)
+		}, func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare(ex, tp.s.exchangeType, true, false, false, false, nil)
+		}
+}
+
+// queueChecks is exchangeChecks for queue q.
+func (tp *topology) queueChecks(q string) (passive, equivalent func(ch *amqp.Channel) error) {
+	return func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			return err
+		}, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": tp.s.queueType})
+			return err
+		}
+}
+
+// conflict reports an existing object whose arguments differ from the
+// configuration; a missing one is no conflict.
+func (tp *topology) conflict(what, name, key string, passive, equivalent func(ch *amqp.Channel) error) error {
+	err := tp.withChannel(passive)
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking whether %s %q exists: %w", what, name, err)
+	}
+	if err := tp.withChannel(equivalent); err != nil {
+		return tp.declareError(what, name, key, err)
+	}
+	return nil
+}
+
+// preflight checks, before anything is created, the exchange and the queues
+// of topics that already exist. A conflicting one (406 PRECONDITION_FAILED)
+// thus fails Start with nothing made: before, the objects of the topics
+// ahead of it were created and owned, and aligning the key with the
+// existing queue then failed on the connector's own new queues.
+func (tp *topology) preflight(topics []string) error {
+	if ex := tp.s.exchange; ex != "" && !strings.HasPrefix(ex, "amq.") {
+		passive, equivalent := tp.exchangeChecks()
+		if err := tp.conflict("exchange", ex, KeyExchangeType, passive, equivalent); err != nil {
+			return err
+		}
+	}
+	for _, topic := range topics {
+		q := tp.s.queueName(topic)
+		passive, equivalent := tp.queueChecks(q)
+		if err := tp.conflict("queue", q, KeyQueueType, passive, equivalent); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -454,6 +509,13 @@ func (tp *topology) drop(r connect.Resource) error {
 			b, err := parseBinding(r.Name)
 			if err != nil {
 				return err
+			}
+			if len(b.key) > 255 || len(b.queue) > 255 || len(b.exchange) > 255 {
+				// The broker cannot hold such a binding (an earlier version
+				// recorded it before the bind failed); sending the unbind
+				// would make amqp091 close the connection and fail the rest
+				// of the cleanup.
+				return nil
 			}
 			return ch.QueueUnbind(b.queue, b.key, b.exchange, b.args())
 		case KindQueue:
