@@ -126,6 +126,9 @@ const (
 	// hookHeldBackLocked runs (connector name) when a held-back start holds
 	// the connector's lock, before it registers its cancel.
 	hookHeldBackLocked = "held-back-locked"
+	// hookResumeLocked runs (connector name) when resumeInterruptedStart
+	// holds the connector's lock, before it registers its cancel.
+	hookResumeLocked = "resume-locked"
 )
 
 // withHook is test-only: fn runs at the named points above.
@@ -503,13 +506,31 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 // for a change that was then refused: the refused request must leave the
 // connector as it would have been without it, not FAILED with "context
 // canceled". Instances that came up healthy anyway are left alone.
+//
+// Like startHeldBack, it yields to an operation that called interruptStart
+// before its cancel was registered (a stop sent right after the refused
+// change): that call found nothing to cancel and would otherwise wait
+// behind a Start that may block until Close. It looks again afterwards.
 func (h *Standalone) resumeInterruptedStart(name string) {
+	h.mu.Lock()
+	var seen uint64
+	if c := h.conns[name]; c != nil {
+		seen = c.interrupts
+	}
+	h.mu.Unlock()
 	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
 		if err != nil {
 			return
 		}
-		defer c.unlock()
+		retry := false
+		defer func() {
+			c.unlock()
+			if retry {
+				h.resumeInterruptedStart(name)
+			}
+		}()
+		h.runHook(hookResumeLocked, name)
 		if c.rec.Target == worker.TargetStopped || c.rec.Dormant || !c.hasPlugin {
 			return
 		}
@@ -524,6 +545,12 @@ func (h *Standalone) resumeInterruptedStart(name string) {
 		sctx, cancel := context.WithCancel(h.bgCtx)
 		defer cancel()
 		h.mu.Lock()
+		if c.interrupts != seen {
+			h.mu.Unlock()
+			h.logger(c).Info("an operation that interrupts starts arrived; it goes first, then the connector is looked at again")
+			retry = true
+			return
+		}
 		c.cancelStart = cancel
 		h.mu.Unlock()
 		h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
@@ -1869,17 +1896,51 @@ func (h *Standalone) inBackground(f func()) {
 // requestReconfiguration re-reads a running connector's task configs and
 // restarts its tasks if they changed. It runs in a goroutine the herder
 // owns (Close waits for it), so the calling connector is never blocked.
+//
+// Its task starts can be interrupted like a start at boot (interruptStart):
+// a task Start blocked on an unreachable system would otherwise hold the
+// connector's lock until Close, and every stop, change or deletion would
+// time out behind it. Like startHeldBack, it yields to an operation that
+// asked for an interrupt before its cancel was registered, and looks again
+// afterwards.
 func (h *Standalone) requestReconfiguration(name string) {
+	h.mu.Lock()
+	var seen uint64
+	if c := h.conns[name]; c != nil {
+		seen = c.interrupts
+	}
+	h.mu.Unlock()
 	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
 		if err != nil {
 			return
 		}
-		defer c.unlock()
+		retry := false
+		defer func() {
+			c.unlock()
+			if retry {
+				h.requestReconfiguration(name)
+			}
+		}()
 		if !c.running || c.rec.Target == worker.TargetStopped {
 			return
 		}
-		cfgs, err := h.w.TaskConfigs(h.bgCtx, name)
+		ctx, cancel := context.WithCancel(h.bgCtx)
+		defer cancel()
+		h.mu.Lock()
+		if c.interrupts != seen {
+			h.mu.Unlock()
+			retry = true
+			return
+		}
+		c.cancelStart = cancel
+		h.mu.Unlock()
+		defer func() {
+			h.mu.Lock()
+			c.cancelStart = nil
+			h.mu.Unlock()
+		}()
+		cfgs, err := h.w.TaskConfigs(ctx, name)
 		if err != nil {
 			h.logger(c).Warn("task reconfiguration requested, but the task configs could not be read", "error", err)
 			return
@@ -1888,8 +1949,8 @@ func (h *Standalone) requestReconfiguration(name string) {
 			return
 		}
 		h.logger(c).Info("task configs changed; restarting the tasks", "tasks", len(cfgs))
-		h.stopTasksLocked(h.bgCtx, c, slices.Clone(c.tasks), false)
-		if err := h.startTasksLocked(h.bgCtx, c, true); err != nil {
+		h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
+		if err := h.startTasksLocked(ctx, c, true); err != nil {
 			h.setFailure(c, err.Error())
 		}
 	})

@@ -274,6 +274,13 @@ type connInstance struct {
 	finished     bool // finish began: Stop was called
 	stoppedBegun bool // Stopped was called: no more Stop calls
 	deleted      bool
+	// startTaken: a successful Start's result is on its way to the caller
+	// of StartConnector. callerGone: that caller gave up first and was told
+	// the start failed, so a Start that returns later must not leave the
+	// instance RUNNING behind its back (the herder would never generate its
+	// task configs). Exactly one of them is set, under mu.
+	startTaken bool
+	callerGone bool
 }
 
 // deliverStop calls Stop unless Stopped has begun, and reports whether it
@@ -436,7 +443,19 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 		}
 		c.mu.Lock()
 		target := c.target // SetTargetState may have run during Start
+		gone := c.callerGone
+		c.startTaken = !gone
 		c.mu.Unlock()
+		if gone {
+			// The caller was told Start failed: the instance fails as if
+			// it had (FAILED, Stop(false), Stopped).
+			err := errors.New("Start returned only after the caller had given up waiting for it; restart the connector")
+			host.Logger.Error("connector started too late", "error", err)
+			c.setStatus(w, Status{State: StateFailed, Trace: err.Error()})
+			c.finish(w, false)
+			result <- err
+			return
+		}
 		c.setStatus(w, Status{State: stateForTarget(target)})
 		result <- nil
 	}()
@@ -444,6 +463,13 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 	case err := <-result:
 		return err
 	case <-ctx.Done():
+		c.mu.Lock()
+		taken := c.startTaken
+		c.callerGone = !taken
+		c.mu.Unlock()
+		if taken {
+			return <-result // Start succeeded just now: report it
+		}
 		return fmt.Errorf("worker: connector %s: Start did not return when the caller gave up (%w); it is still running, StopConnector stops it", run.Name, ctx.Err())
 	}
 }

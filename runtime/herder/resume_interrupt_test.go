@@ -1,0 +1,124 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// A stop that asks for an interrupt after a refused change handed the
+// connector to resumeInterruptedStart, but before that start registered its
+// cancel, is not left waiting behind the resumed Start (which blocks on an
+// unreachable system): the resumed start yields to it, as a held-back task
+// start does (TestHeldBackStartYieldsToAnInterruptingOperation).
+func TestResumedStartYieldsToAnInterruptingOperation(t *testing.T) {
+	ctx := testCtx(t)
+	slow, gate := newSlowStarts(), make(chan struct{})
+	var gateOnce sync.Once
+	locked, proceed := make(chan struct{}), make(chan struct{})
+	var lockedOnce, proceedOnce sync.Once
+	release := func() { proceedOnce.Do(func() { close(proceed) }) }
+	hook := withHook(func(point, _ string) {
+		if point != hookResumeLocked {
+			return
+		}
+		first := false
+		lockedOnce.Do(func() { first = true; close(locked) })
+		if first {
+			select {
+			case <-proceed:
+			case <-ctx.Done():
+			}
+		}
+	})
+	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), slow.plugin())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	open := func() (*Standalone, *store.File) {
+		st, err := store.OpenFile(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := NewStandalone(ctx, WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)), hook,
+			WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = h.Close(cctx)
+			_ = st.Close()
+		})
+		return h, st
+	}
+	h, st := open()
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
+	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Every later Start blocks (the system is unreachable) until its ctx ends.
+	slow.mu.Lock()
+	slow.gate = gate
+	slow.mu.Unlock()
+	// Registered after the herder's cleanup, so it runs first.
+	h, _ = open()
+	t.Cleanup(release)
+	t.Cleanup(func() { gateOnce.Do(func() { close(gate) }) })
+	select {
+	case <-slow.entered:
+	case <-ctx.Done():
+		t.Fatal("the start of x at boot never began")
+	}
+	slow.mu.Lock()
+	slow.gate, slow.entered, slow.interrupted = gate, make(chan struct{}), make(chan struct{})
+	slow.mu.Unlock()
+	changed := cfg.Clone()
+	changed["slow.validate"] = "once"
+	_, _, err = h.PutConnectorConfig(ctx, "x", changed)
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("PUT refused on the second look: %v, want a ConfigError", err)
+	}
+	select {
+	case <-locked:
+	case <-ctx.Done():
+		t.Fatal("the start after the refused change never took the lock")
+	}
+	h.mu.Lock()
+	before := h.conns["x"].interrupts
+	h.mu.Unlock()
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	stopDone := make(chan error, 1)
+	go func() { stopDone <- h.Stop(sctx, "x") }()
+	pollUntil(t, "the stop to ask for an interrupt", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.conns["x"].interrupts != before
+	})
+	release()
+	if err := <-stopDone; err != nil {
+		t.Fatalf("the stop sent meanwhile: %v, want it applied", err)
+	}
+	if s, err := h.ConnectorStatus(ctx, "x"); err != nil || s.Connector.State != worker.StateStopped {
+		t.Fatalf("status after the stop = %+v (%v), want STOPPED", s.Connector, err)
+	}
+}
