@@ -154,28 +154,11 @@ func splitParts(item string) ([]string, error) {
 		rest = strings.TrimSpace(rest)
 		var part string
 		if strings.HasPrefix(rest, `"`) {
-			var b strings.Builder
-			i := 1
-			closed := false
-			for i < len(rest) {
-				if rest[i] == '"' {
-					if i+1 < len(rest) && rest[i+1] == '"' {
-						b.WriteByte('"')
-						i += 2
-						continue
-					}
-					closed = true
-					i++
-					break
-				}
-				b.WriteByte(rest[i])
-				i++
-			}
-			if !closed {
+			var ok bool
+			if part, rest, ok = cutQuoted(rest); !ok {
 				return nil, fmt.Errorf("unterminated double quote")
 			}
-			part = b.String()
-			rest = strings.TrimSpace(rest[i:])
+			rest = strings.TrimSpace(rest)
 			if rest != "" && rest[0] != '.' {
 				return nil, fmt.Errorf("unexpected %q after a quoted name", rest)
 			}
@@ -271,27 +254,12 @@ func quotedParts(s string) ([]string, bool) {
 		if !strings.HasPrefix(s, `"`) {
 			return nil, false
 		}
-		var b strings.Builder
-		i, closed := 1, false
-		for i < len(s) {
-			if s[i] == '"' {
-				if i+1 < len(s) && s[i+1] == '"' {
-					b.WriteByte('"')
-					i += 2
-					continue
-				}
-				closed = true
-				i++
-				break
-			}
-			b.WriteByte(s[i])
-			i++
-		}
-		if !closed {
+		part, rest, ok := cutQuoted(s)
+		if !ok {
 			return nil, false
 		}
-		parts = append(parts, b.String())
-		s = s[i:]
+		parts = append(parts, part)
+		s = rest
 		switch {
 		case s == "":
 			return parts, len(parts) <= 2
@@ -300,6 +268,26 @@ func quotedParts(s string) ([]string, bool) {
 		}
 		s = s[1:]
 	}
+}
+
+// cutQuoted reads the double-quoted name s starts with (inner quotes
+// doubled) and returns it unquoted with what follows it; ok is false when
+// the quote is not closed.
+func cutQuoted(s string) (name, rest string, ok bool) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		if s[i] != '"' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '"' {
+			b.WriteByte('"')
+			i++
+			continue
+		}
+		return b.String(), s[i+1:], true
+	}
+	return "", "", false
 }
 
 // compareTables orders tables by schema, then name.
