@@ -262,16 +262,27 @@ FROM unnest($1::text[], $2::text[]) AS x(s, n)
 -- while the connector runs, until the configuration follows. A task
 -- started meanwhile would otherwise know neither its key nor the columns
 -- of the changes written before the rename (docs/decisions/0049).
--- COALESCE looks at the triggers only for a name that is gone.
+-- The table of that name wins only while its own capture trigger files
+-- under the name: a table made under the old name of a renamed one is not
+-- where the waiting (and later) changes come from, and its columns and key
+-- would decode them wrongly. COALESCE scans the triggers only for a name
+-- that is gone or taken over; the first lookup uses pg_trigger's index.
 LEFT JOIN pg_catalog.pg_class c ON c.oid = coalesce(
   (SELECT r.oid FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
-   WHERE ns.nspname = x.s AND r.relname = x.n),
+   WHERE ns.nspname = x.s AND r.relname = x.n
+     AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                 WHERE tg.tgrelid = r.oid AND tg.tgparentid = 0 AND NOT tg.tgisinternal
+                   AND tg.tgfoid IN (pg_catalog.to_regprocedure($3), pg_catalog.to_regprocedure($4))
+                   AND tg.tgargs = pg_catalog.convert_to(x.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
+                                   || pg_catalog.convert_to(x.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)),
   (SELECT tg.tgrelid FROM pg_catalog.pg_trigger tg
    WHERE tg.tgparentid = 0 AND NOT tg.tgisinternal
      AND tg.tgfoid IN (pg_catalog.to_regprocedure($3), pg_catalog.to_regprocedure($4))
      AND tg.tgargs = pg_catalog.convert_to(x.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
                      || pg_catalog.convert_to(x.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
-   ORDER BY tg.tgrelid LIMIT 1))
+   ORDER BY tg.tgrelid LIMIT 1),
+  (SELECT r.oid FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
+   WHERE ns.nspname = x.s AND r.relname = x.n))
 LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names,
 		pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()",
 		pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()")
