@@ -512,12 +512,7 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 // change): that call found nothing to cancel and would otherwise wait
 // behind a Start that may block until Close. It looks again afterwards.
 func (h *Standalone) resumeInterruptedStart(name string) {
-	h.mu.Lock()
-	var seen uint64
-	if c := h.conns[name]; c != nil {
-		seen = c.interrupts
-	}
-	h.mu.Unlock()
+	seen := h.interruptsOf(name)
 	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
 		if err != nil {
@@ -542,24 +537,49 @@ func (h *Standalone) resumeInterruptedStart(name string) {
 		if healthy {
 			return
 		}
-		sctx, cancel := context.WithCancel(h.bgCtx)
-		defer cancel()
-		h.mu.Lock()
-		if c.interrupts != seen {
-			h.mu.Unlock()
+		retry = !h.interruptible(c, seen, func(ctx context.Context) {
+			h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
+			h.stopAllLocked(ctx, c)
+			h.startLocked(ctx, c)
+		})
+		if retry {
 			h.logger(c).Info("an operation that interrupts starts arrived; it goes first, then the connector is looked at again")
-			retry = true
-			return
 		}
-		c.cancelStart = cancel
+	})
+}
+
+// interruptsOf is how many interruptStart calls connector name has had: a
+// background start notes it before it waits for the connector's lock.
+func (h *Standalone) interruptsOf(name string) uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c := h.conns[name]; c != nil {
+		return c.interrupts
+	}
+	return 0
+}
+
+// interruptible runs start, under c's lock, with a context interruptStart
+// cancels. It runs nothing and reports false when an interruptStart came
+// since seen: that operation found nothing to cancel and waits for the
+// lock, so the caller yields it the lock and looks again afterwards.
+func (h *Standalone) interruptible(c *conn, seen uint64, start func(ctx context.Context)) bool {
+	ctx, cancel := context.WithCancel(h.bgCtx)
+	defer cancel()
+	h.mu.Lock()
+	if c.interrupts != seen {
 		h.mu.Unlock()
-		h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
-		h.stopAllLocked(sctx, c)
-		h.startLocked(sctx, c)
+		return false
+	}
+	c.cancelStart = cancel
+	h.mu.Unlock()
+	defer func() {
 		h.mu.Lock()
 		c.cancelStart = nil
 		h.mu.Unlock()
-	})
+	}()
+	start(ctx)
+	return true
 }
 
 // classChangeErrorsFor is classChangeErrors for the class cfg names, if it
@@ -816,12 +836,7 @@ func (h *Standalone) abandonedGone(id worker.TaskID) {
 // registered yet, and would wait for a task Start that may block: when one
 // has arrived, this yields the lock to it and tries again afterwards.
 func (h *Standalone) startHeldBack(id worker.TaskID) {
-	h.mu.Lock()
-	var seen uint64
-	if c := h.conns[id.Connector]; c != nil {
-		seen = c.interrupts
-	}
-	h.mu.Unlock()
+	seen := h.interruptsOf(id.Connector)
 	c, err := h.lookup(h.bgCtx, id.Connector)
 	if err != nil {
 		return // deleted, or the herder is closing
@@ -864,23 +879,14 @@ func (h *Standalone) startHeldBack(id worker.TaskID) {
 		h.forgetStatuses(c.name, len(c.rec.Tasks))
 		return
 	}
-	sctx, cancel := context.WithCancel(h.bgCtx)
-	defer cancel()
-	h.mu.Lock()
-	if c.interrupts != seen {
-		h.mu.Unlock()
+	retry = !h.interruptible(c, seen, func(ctx context.Context) {
+		delete(c.heldBack, id.Task)
+		log.Info("the abandoned task instance returned; starting the task held back behind it", "task", id.Task, "target_state", c.rec.Target)
+		h.startTaskLocked(ctx, c, id.Task)
+	})
+	if retry {
 		log.Info("the abandoned task instance returned; an operation on the connector goes first, then the held-back task is looked at again", "task", id.Task)
-		retry = true
-		return
 	}
-	c.cancelStart = cancel
-	h.mu.Unlock()
-	delete(c.heldBack, id.Task)
-	log.Info("the abandoned task instance returned; starting the task held back behind it", "task", id.Task, "target_state", c.rec.Target)
-	h.startTaskLocked(sctx, c, id.Task)
-	h.mu.Lock()
-	c.cancelStart = nil
-	h.mu.Unlock()
 }
 
 // taskAlive reports whether the worker still lists an instance of id after
@@ -1904,12 +1910,7 @@ func (h *Standalone) inBackground(f func()) {
 // asked for an interrupt before its cancel was registered, and looks again
 // afterwards.
 func (h *Standalone) requestReconfiguration(name string) {
-	h.mu.Lock()
-	var seen uint64
-	if c := h.conns[name]; c != nil {
-		seen = c.interrupts
-	}
-	h.mu.Unlock()
+	seen := h.interruptsOf(name)
 	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
 		if err != nil {
@@ -1925,34 +1926,21 @@ func (h *Standalone) requestReconfiguration(name string) {
 		if !c.running || c.rec.Target == worker.TargetStopped {
 			return
 		}
-		ctx, cancel := context.WithCancel(h.bgCtx)
-		defer cancel()
-		h.mu.Lock()
-		if c.interrupts != seen {
-			h.mu.Unlock()
-			retry = true
-			return
-		}
-		c.cancelStart = cancel
-		h.mu.Unlock()
-		defer func() {
-			h.mu.Lock()
-			c.cancelStart = nil
-			h.mu.Unlock()
-		}()
-		cfgs, err := h.w.TaskConfigs(ctx, name)
-		if err != nil {
-			h.logger(c).Warn("task reconfiguration requested, but the task configs could not be read", "error", err)
-			return
-		}
-		if sameConfigs(cfgs, c.rec.Tasks) {
-			return
-		}
-		h.logger(c).Info("task configs changed; restarting the tasks", "tasks", len(cfgs))
-		h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
-		if err := h.startTasksLocked(ctx, c, true); err != nil {
-			h.setFailure(c, err.Error())
-		}
+		retry = !h.interruptible(c, seen, func(ctx context.Context) {
+			cfgs, err := h.w.TaskConfigs(ctx, name)
+			if err != nil {
+				h.logger(c).Warn("task reconfiguration requested, but the task configs could not be read", "error", err)
+				return
+			}
+			if sameConfigs(cfgs, c.rec.Tasks) {
+				return
+			}
+			h.logger(c).Info("task configs changed; restarting the tasks", "tasks", len(cfgs))
+			h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
+			if err := h.startTasksLocked(ctx, c, true); err != nil {
+				h.setFailure(c, err.Error())
+			}
+		})
 	})
 }
 
