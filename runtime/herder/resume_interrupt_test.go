@@ -105,7 +105,9 @@ func TestResumedStartYieldsToAnInterruptingOperation(t *testing.T) {
 	h.mu.Lock()
 	before := h.conns["x"].interrupts
 	h.mu.Unlock()
-	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	// Normally applied within 0.1 s; the bug waits for the blocked Start
+	// until this context ends. 10 s leaves room for a loaded CI machine.
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	stopDone := make(chan error, 1)
 	go func() { stopDone <- h.Stop(sctx, "x") }()
