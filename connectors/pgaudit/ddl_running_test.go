@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,8 +16,10 @@ import (
 // TestCapturedTableDroppedWhileRunning: the changes still waiting when a
 // captured table is dropped are delivered with its columns' names and its
 // key, as the task knew them: they used to come out as _column_<n> with a
-// null key. A table of that name made again is not captured until the
-// next Start (its triggers went with the dropped table).
+// null key. A table of that name made again has no capture trigger (its
+// triggers went with the dropped table): the task fails, saying so and
+// what to do, instead of silently capturing nothing; the restart it asks
+// for captures the new table.
 func TestCapturedTableDroppedWhileRunning(t *testing.T) {
 	for _, level := range []string{"statement", "row"} {
 		t.Run(level, func(t *testing.T) {
@@ -32,7 +35,19 @@ func TestCapturedTableDroppedWhileRunning(t *testing.T) {
 			})
 			mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY, v text)`)
 			mustExec(t, db, `INSERT INTO `+qualified(s, "t")+` VALUES (3, 'x')`)
-			r.quiet()
+			_, err := r.tasks[0].Poll(testCtx(t))
+			if err == nil || !strings.Contains(err.Error(), qualified(s, "t")) || !strings.Contains(err.Error(), "dropped and made again") || !strings.Contains(err.Error(), "restart") {
+				t.Fatalf("Poll after the table was made again: %v, want an error naming the table and the restart", err)
+			}
+			if err := r.stop(false); err != nil {
+				t.Fatal(err)
+			}
+			again := startConnector(t, r.cfg, r.ledger)
+			t.Cleanup(func() { _ = again.stop(true) })
+			mustExec(t, db, `INSERT INTO `+qualified(s, "t")+` VALUES (4, 'y')`)
+			checkChanges(t, again.collect(1, true), "tc."+s+".t", s, "t", []wantChange{
+				{"c", `{"id":4}`, "null", `{"id":4,"v":"y"}`},
+			})
 		})
 	}
 }
@@ -269,6 +284,11 @@ func TestStartAfterARenameNamesTheNewName(t *testing.T) {
 // name) keep its columns and key. The task used to read the new table's
 // instead (named _column_<n>, key null, for every later change too).
 func TestRenamedAndAlteredWhileItsNameIsReused(t *testing.T) {
+	// The task's check of its tables' triggers would fail it once the new
+	// table (without them) is seen, as TestCapturedTableDroppedWhileRunning
+	// shows; this is about the changes decoded until then.
+	defer func(was time.Duration) { captureCheckInterval = was }(captureCheckInterval)
+	captureCheckInterval = time.Hour
 	for _, level := range []string{"statement", "row"} {
 		t.Run(level, func(t *testing.T) {
 			db, s, r := capturingT(t, "renamed-reused-", level)

@@ -56,6 +56,9 @@ type Task struct {
 	meta     map[tableName]*tableMeta
 	// metaAt is when the batch tables' meta was last read (metaRefresh).
 	metaAt time.Time
+	// capturedAt is when the task last checked that its tables still have
+	// the connector's capture triggers (captureCheckInterval).
+	capturedAt time.Time
 	// unmark clears the waiting mark when no Poll follows an interrupted
 	// one within unmarkDelay (a pause); unmarked is closed once its
 	// function has run. The next Poll and Stopped stop it or wait for it.
@@ -383,6 +386,11 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if err := interrupted(); err != nil {
 			t.scheduleUnmark()
 			return nil, err
+		}
+		if time.Since(t.capturedAt) >= captureCheckInterval {
+			if err := t.checkCapture(ctx); err != nil {
+				return nil, err
+			}
 		}
 		recs, err := t.pollOnce(ctx)
 		if err != nil {
@@ -964,6 +972,59 @@ func multirange(ids []int64) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// captureCheckInterval is how often a task checks that its tables still
+// have the connector's capture triggers (a variable for tests).
+var captureCheckInterval = 10 * time.Second
+
+// checkCapture fails the task when a table it captures exists under its
+// configured name without a capture trigger of this connector: dropped and
+// made again, or swapped for another table (online schema-change tools
+// rename the original away and a copy into its place). Its triggers went
+// with the old table, so nothing written to the new one is captured, and
+// only a Start installs them: silence would lose every later change. A
+// name that is gone is no problem here (a rename: the trigger follows the
+// table, docs/decisions/0049). A failed query is left to the next check.
+func (t *Task) checkCapture(ctx context.Context) error {
+	schemas, names := splitNames(t.tables)
+	rows, err := t.pool.Query(ctx, `
+SELECT x.s, x.n
+FROM unnest($1::text[], $2::text[]) AS x(s, n)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n
+WHERE NOT EXISTS (
+  SELECT 1 FROM pg_catalog.pg_trigger tg
+  WHERE tg.tgrelid = c.oid AND tg.tgparentid = 0
+    AND tg.tgfoid IN (pg_catalog.to_regprocedure($3), pg_catalog.to_regprocedure($4))
+    -- a trigger made before triggers had arguments files under its table
+    AND (tg.tgnargs = 0 OR tg.tgargs = pg_catalog.convert_to(x.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
+                                       || pg_catalog.convert_to(x.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea))
+ORDER BY 1, 2`, schemas, names,
+		pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()",
+		pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()")
+	if err != nil {
+		return nil
+	}
+	var uncaptured []string
+	for rows.Next() {
+		var tb tableName
+		if err := rows.Scan(&tb.Schema, &tb.Name); err != nil {
+			rows.Close()
+			return nil
+		}
+		uncaptured = append(uncaptured, tb.quoted())
+	}
+	rows.Close()
+	if rows.Err() != nil {
+		return nil
+	}
+	t.capturedAt = time.Now()
+	if len(uncaptured) == 0 {
+		return nil
+	}
+	return fmt.Errorf("table %s has none of this connector's capture triggers: it was dropped and made again, or another table took its name, so changes written to it since are not captured; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs the triggers again",
+		strings.Join(uncaptured, ", "), t.s.name)
 }
 
 // commitAfterStop is how long a Commit may go on waiting for the database
