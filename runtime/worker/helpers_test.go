@@ -51,7 +51,13 @@ func testLogger() *slog.Logger {
 
 func newEnv(t *testing.T, opts ...Opt) *env {
 	t.Helper()
-	e := &env{t: t, rec: sampleconn.NewRecorder(), store: NewMemoryOffsetStore(), brokers: testenv.KafkaBrokers(t), ledger: connect.NewMemoryLedger()}
+	return newEnvOn(t, testenv.KafkaBrokers(t), opts...)
+}
+
+// newEnvOn is newEnv on the given brokers (a kfake cluster a test controls).
+func newEnvOn(t *testing.T, brokers []string, opts ...Opt) *env {
+	t.Helper()
+	e := &env{t: t, rec: sampleconn.NewRecorder(), store: NewMemoryOffsetStore(), brokers: brokers, ledger: connect.NewMemoryLedger()}
 	reg, err := plugins.New(sampleconn.Plugins(e.rec)...)
 	if err != nil {
 		t.Fatal(err)

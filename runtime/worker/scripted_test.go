@@ -331,3 +331,35 @@ func TestFailedProduceIsReportedOnce(t *testing.T) {
 		t.Errorf("the failure is reported %d more times as a refusal during the stop:\n%s", n, logs.String())
 	}
 }
+
+// TestNothingCommittedBehindARefusedRecordOfItsPartition: a record Kafka
+// refused (MESSAGE_TOO_LARGE) is sent again after a restart, so a later
+// record of the same Kafka partition that Kafka did take is not committed
+// either (as the trace says): a consume-and-delete source would otherwise
+// drop that later change of the key and deliver the refused, older one
+// after it.
+func TestNothingCommittedBehindARefusedRecordOfItsPartition(t *testing.T) {
+	pe := newScripted(t, firstBatch(rec("large", 0, 10), rec("large", 1, 2<<20), rec("large", 2, 10)), nil)
+	id := pe.start()
+	deadline := time.Now().Add(10 * time.Second)
+	for pe.lastStatus().State != StateFailed {
+		if time.Now().After(deadline) {
+			t.Fatalf("the task did not fail on a record over the broker's limit: %+v", pe.lastStatus())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pe.w.StopTasks(ctx, []TaskID{id}, false)[id]; err != nil {
+		t.Errorf("StopTasks of the failed task: %v", err)
+	}
+	pe.task.mu.Lock()
+	defer pe.task.mu.Unlock()
+	var got []string
+	for _, r := range pe.task.committed {
+		got = append(got, string(r.Key))
+	}
+	if strings.Join(got, ",") != "0" {
+		t.Errorf("committed %v, want only [0]: nothing behind the refused record 1 of partition 0", got)
+	}
+}

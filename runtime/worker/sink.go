@@ -227,8 +227,12 @@ func (s *sinkLoop) put() error {
 
 // flushAndCommit calls Flush and commits exactly the offsets it returned
 // for assigned partitions (only those in only, if set). Callers hold s.mu.
+// A stop cuts it short (the context given to Start, cancelled on Stop): a
+// commit to a broker that stopped answering would otherwise hold the loop
+// (or a rebalance callback, under s.mu) for the commit's 30 s, past the
+// graceful timeout; the final flush in finish commits again, bounded.
 func (s *sinkLoop) flushAndCommit(only map[connect.TopicPartition]bool) {
-	s.flushAndCommitCtx(s.t.base, only)
+	s.flushAndCommitCtx(s.t.hctx, only)
 }
 
 // flushAndCommitCtx is flushAndCommit within parent (the final one is

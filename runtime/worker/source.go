@@ -24,6 +24,9 @@ type pending struct {
 	pkey string // the source partition, as JSON
 	done bool   // set under sourceLoop.mu by the produce callback
 	err  error
+	// part is the Kafka partition the record went to, set by the
+	// callback (-1 if unknown: the record failed before partitioning).
+	part int32
 }
 
 // sourceLoop is the state of one source task's loop. Only the task
@@ -110,6 +113,11 @@ func (w *Worker) producerOpts() []kgo.Opt {
 		kgo.RecordPartitioner(sourcePartitioner{kgo.StickyKeyPartitioner(nil)}),
 		kgo.MaxBufferedRecords(math.MaxInt32),
 		kgo.ProducerLinger(5 * time.Millisecond),
+		// No KIP-714 client metrics: Close waits up to 1 s for a final
+		// metrics push, which a broker that is away never answers, and
+		// the final phase leaves only 1/10 of the graceful timeout for
+		// Close (finalDeadline): every stop during an outage was abandoned.
+		kgo.DisableClientMetrics(),
 	}, w.kopts...)
 }
 
@@ -294,8 +302,9 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 		}
 		// Not the loop context: a pause must not fail buffered records.
 		s.callbacks.Add(1)
-		s.producer.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
+		s.producer.Produce(context.Background(), kr, func(r *kgo.Record, err error) {
 			s.mu.Lock()
+			p.part = r.Partition
 			if s.callbacks.Add(-1) == 0 && s.drained != nil {
 				close(s.drained)
 				s.drained = nil
@@ -325,8 +334,10 @@ func (s *sourceLoop) processAcks() error { return s.commitAcked(false) }
 
 // commitAcked is processAcks; with final (the loop has ended and the
 // producer is closed or flushed) it commits every acknowledged record, in
-// Poll order, even past one that failed: a record Kafka holds must reach
-// Commit (a consume-and-delete source would otherwise send it again).
+// Poll order, even past one that failed on another Kafka partition: a
+// record Kafka holds must reach Commit (a consume-and-delete source would
+// otherwise send it again), unless it is behind a refused or unacknowledged
+// record of its own partition.
 // Offsets still only advance over each partition's acknowledged prefix.
 func (s *sourceLoop) commitAcked(final bool) error {
 	select {
@@ -350,13 +361,34 @@ func (s *sourceLoop) commitAcked(final bool) error {
 	}
 	var extra []connect.SourceRecord // final: acknowledged records past the prefix
 	if final {
+		// Not past a record that failed (or is unacknowledged) on the same
+		// Kafka partition: that one is sent again after a restart, and a
+		// consume-and-delete source that deleted a later change of the same
+		// key would then deliver the changes out of order (the older one
+		// last). Other partitions are acked independently. Unknown
+		// partition: the whole topic is held back.
+		type tp struct {
+			topic string
+			part  int32
+		}
+		held := map[tp]bool{}
+		isHeld := func(p *pending) bool {
+			return held[tp{p.rec.Topic, -1}] || held[tp{p.rec.Topic, p.part}]
+		}
 		kept := s.queue[:n:n]
 		for _, p := range s.queue[n:] {
-			if p.done && p.err == nil {
+			if p.done && p.err == nil && !isHeld(p) {
 				extra = append(extra, p.rec)
-			} else {
-				kept = append(kept, p)
+				continue
 			}
+			if !p.done || p.err != nil {
+				part := p.part
+				if !p.done {
+					part = p.rec.Partition // the callback has not said
+				}
+				held[tp{p.rec.Topic, part}] = true
+			}
+			kept = append(kept, p)
 		}
 		if len(extra) > 0 {
 			// The committed prefix plus the unacknowledged rest stay in

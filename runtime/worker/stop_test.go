@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -97,24 +98,27 @@ func (c *commitRecorder) Commit(_ context.Context, acked []connect.SourceRecord)
 }
 
 // The final commit passes every acknowledged record to Commit, also those
-// behind one that failed (records on other Kafka partitions are acked
-// independently); while the loop runs only the acknowledged prefix is
-// committed, in Poll order.
+// behind one that failed on another Kafka partition (acked independently),
+// but none behind a failed or unacknowledged record of the same Kafka
+// partition: that one is sent again after a restart, and a later change of
+// its key committed (deleted, by a consume-and-delete source) now would
+// leave Kafka with the older change last. While the loop runs only the
+// acknowledged prefix is committed, in Poll order.
 func TestCommitAckedFinalCommitsPastAFailure(t *testing.T) {
-	rec := func(i int) connect.SourceRecord {
-		return connect.SourceRecord{Key: []byte(fmt.Sprint(i)), SourcePartition: map[string]any{"p": "0"}, SourceOffset: map[string]any{"position": i}}
-	}
 	failed := errors.New("broker said no")
 	tests := []struct {
 		name  string
 		final bool
 		state []error // per record: nil acked, failed, or errPendingMark (not yet acked)
+		parts []int32 // per record: its Kafka partition (default: its index)
 		want  []string
 		pos   int // stored offset position
 	}{
-		{"prefix while running", false, []error{nil, nil, failed, nil, errPendingMark}, []string{"0", "1"}, 1},
-		{"final: past the failure", true, []error{nil, nil, failed, nil, errPendingMark, nil}, []string{"0", "1", "3", "5"}, 1},
-		{"final: all acked", true, []error{nil, nil, nil}, []string{"0", "1", "2"}, 2},
+		{"prefix while running", false, []error{nil, nil, failed, nil, errPendingMark}, nil, []string{"0", "1"}, 1},
+		{"final: past the failure", true, []error{nil, nil, failed, nil, errPendingMark, nil}, nil, []string{"0", "1", "3", "5"}, 1},
+		{"final: all acked", true, []error{nil, nil, nil}, nil, []string{"0", "1", "2"}, 2},
+		{"final: not past a failure on the same partition", true, []error{nil, failed, nil, nil}, []int32{0, 0, 1, 0}, []string{"0", "2"}, 0},
+		{"final: not past an unacknowledged record on the same partition", true, []error{nil, errPendingMark, nil, nil}, []int32{0, 0, 1, 0}, []string{"0", "2"}, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,7 +127,13 @@ func TestCommitAckedFinalCommitsPastAFailure(t *testing.T) {
 			s := &sourceLoop{t: ti, task: task, acked: make(chan struct{}, 1), byPart: map[string][]*pending{},
 				offsets: map[string]SourceOffset{}, dirty: map[string]bool{}}
 			for i, st := range tc.state {
-				p := &pending{rec: rec(i), pkey: "k"}
+				part := int32(i)
+				if tc.parts != nil {
+					part = tc.parts[i]
+				}
+				r := connect.SourceRecord{Topic: "t", Partition: part, Key: []byte(fmt.Sprint(i)),
+					SourcePartition: map[string]any{"p": "0"}, SourceOffset: map[string]any{"position": i}}
+				p := &pending{rec: r, pkey: "k", part: part}
 				if st != errPendingMark {
 					p.done, p.err = true, st
 				}
@@ -485,4 +495,46 @@ func TestRestartWaitsForPreviousInstanceToFinish(t *testing.T) {
 	if stopped < 0 || restarted < stopped {
 		t.Errorf("calls %v: the fresh instance's Start must follow the old instance's Stopped", calls)
 	}
+}
+
+// A sink stopped while its periodic offset commit hangs (a broker that
+// stopped answering, as in a network partition) stops within the graceful
+// timeout: the stop cuts that commit short, and the final flush commits
+// again within the rest of the grace. Before, the loop sat in the commit
+// for franz-go's request timeouts (up to 30 s), the stop was abandoned and
+// a deletion's Stopped came that much later.
+func TestSinkStopCutsAHangingPeriodicCommit(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	hung := make(chan struct{}, 1)
+	c.ControlKey(int16(kmsg.OffsetCommit), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		select {
+		case hung <- struct{}{}:
+		default:
+		}
+		return nil, nil, true // handled, never answered
+	})
+	e := newEnvOn(t, c.ListenAddrs())
+	name, topic := testenv.Unique("hungcommit-"), testenv.Unique("hungcommit-topic-")
+	produce(t, e.brokers, topic, 3, func(i int) string { return fmt.Sprint(i) })
+	cfg := sinkConfig(name, topic, KeyGracefulTimeout, "2000")
+	id, err := e.startTask(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hung: // the loop's periodic commit of the 3 records waits for an answer
+	case <-e.ctx().Done():
+		t.Fatal("no offset commit reached the broker")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.w.StopTasks(ctx, []TaskID{id}, true)[id]; err != nil {
+		t.Fatalf("StopTasks while an offset commit hangs = %v; want a clean stop within the 2 s graceful timeout", err)
+	}
+	e.checkStoppedLast(sampleconn.TaskInstance(name, 0))
 }
