@@ -140,6 +140,11 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, repli
 	return err
 }
 
+// ErrUnreachable marks a request no broker answered (it could not be sent,
+// or its context ended first): asking again later may succeed, unlike a
+// refusal of the request's content.
+var ErrUnreachable = errors.New("no broker answered")
+
 // createTopics is EnsureTopics, also returning the topics assumed to exist
 // because the client may not create them.
 func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, replicationFactor int16, configs map[string]*string, topics ...string) (assumed []string, err error) {
@@ -148,7 +153,7 @@ func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, repli
 	}
 	resps, err := adm.CreateTopics(ctx, partitions, replicationFactor, configs, topics...)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: creating topics %v: %w; check the brokers are reachable", topics, err)
+		return nil, fmt.Errorf("kafka: creating topics %v: %w: %w; check the brokers are reachable", topics, ErrUnreachable, err)
 	}
 	var errs []string
 	for _, t := range topics {

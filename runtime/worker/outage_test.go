@@ -84,3 +84,32 @@ func TestSourceStopWhileKafkaUnreachableEndsInTime(t *testing.T) {
 	}
 	e.checkStoppedLast(inst)
 }
+
+// A source task whose first record of a topic comes while no broker
+// answers waits for Kafka instead of failing: it used to fail once the
+// topic's creation timed out (here shortened to 1 s), while records of
+// topics it already knew simply waited.
+func TestSourceTopicCreationWaitsForKafka(t *testing.T) {
+	defer func(was time.Duration) { topicAttemptTimeout = was }(topicAttemptTimeout)
+	topicAttemptTimeout = time.Second
+	b := startOutageBroker(t)
+	e := newEnvOn(t, []string{b.addr})
+	name, topic := testenv.Unique("wait-topic-"), testenv.Unique("wait-topic-t-")
+	b.down()
+	id, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyCount, "20", sampleconn.KeyBatch, "10"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := sampleconn.TaskInstance(name, 0)
+	e.await("a Poll while Kafka is away", func() bool { return e.rec.CountPrefix(inst+" Poll(") >= 1 })
+	// Several attempts of a second each, and their backoff.
+	time.Sleep(4 * time.Second)
+	if s, ok := e.w.TaskStatus(id); !ok || s.State != StateRunning {
+		t.Fatalf("while Kafka is away the task is %v (%s), want RUNNING", s.State, s.Trace)
+	}
+	b.up()
+	e.await("the records acknowledged once Kafka is back", func() bool { return len(e.rec.Committed(name)) >= 20 })
+	if s, ok := e.w.TaskStatus(id); !ok || s.State != StateRunning {
+		t.Errorf("after Kafka came back the task is %v (%s), want RUNNING", s.State, s.Trace)
+	}
+}

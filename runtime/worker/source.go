@@ -270,15 +270,7 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 			return fmt.Errorf("Poll returned a record without a topic (source partition %v): the connector must set SourceRecord.Topic", r.SourcePartition)
 		}
 		if !s.known[r.Topic] {
-			// A stop cuts it short (the records not produced are sent
-			// again after a restart).
-			ctx, cancel := context.WithTimeout(t.hctx, 30*time.Second)
-			err := s.creator.EnsureWith(ctx, t.set.createPartitions, t.set.createReplication, r.Topic)
-			cancel()
-			if err != nil {
-				if t.hctx.Err() != nil {
-					return errStopping
-				}
+			if err := s.ensureTopic(r.Topic); err != nil {
 				return err
 			}
 			s.known[r.Topic] = true
@@ -331,6 +323,45 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 // processAcks commits the acknowledged prefix of the queue (Poll order) and
 // advances each source partition's offset over its acknowledged prefix.
 func (s *sourceLoop) processAcks() error { return s.commitAcked(false) }
+
+// ensureTopic creates topic if it is missing. While no broker answers it
+// asks again, backing off up to topicRetryMax, as Kafka Connect retries a
+// retriable topic creation: the first record of a topic (every topic,
+// after a restart) arriving during a Kafka outage failed the task, while
+// records of topics already known simply waited for Kafka. A stop cuts it
+// short (the records not produced are sent again after a restart); a
+// refusal of the topic's settings fails the task at once.
+func (s *sourceLoop) ensureTopic(topic string) error {
+	t := s.t
+	wait := time.Second
+	for {
+		ctx, cancel := context.WithTimeout(t.hctx, topicAttemptTimeout)
+		err := s.creator.EnsureWith(ctx, t.set.createPartitions, t.set.createReplication, topic)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case t.hctx.Err() != nil:
+			return errStopping
+		case !errors.Is(err, kafka.ErrUnreachable):
+			return err
+		}
+		t.log.Warn("cannot create the topic while Kafka does not answer; retrying", "topic", topic, "retry_in", wait, "error", err)
+		select {
+		case <-t.hctx.Done():
+			return errStopping
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, topicRetryMax)
+	}
+}
+
+// topicRetryMax bounds the wait between two attempts of ensureTopic.
+const topicRetryMax = 10 * time.Second
+
+// topicAttemptTimeout bounds one attempt of ensureTopic (a variable for
+// tests).
+var topicAttemptTimeout = 30 * time.Second
 
 // commitAcked is processAcks; with final (the loop has ended and the
 // producer is closed or flushed) it commits every acknowledged record, in
