@@ -512,6 +512,37 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 // change): that call found nothing to cancel and would otherwise wait
 // behind a Start that may block until Close. It looks again afterwards.
 func (h *Standalone) resumeInterruptedStart(name string) {
+	h.inBackgroundLocked(name, func(c *conn, seen uint64) (retry bool) {
+		h.runHook(hookResumeLocked, name)
+		if c.rec.Target == worker.TargetStopped || c.rec.Dormant || !c.hasPlugin {
+			return false
+		}
+		st := h.statusOf(c)
+		healthy := c.running && st.Connector.State != worker.StateFailed
+		for _, t := range st.Tasks {
+			healthy = healthy && t.State != worker.StateFailed
+		}
+		if healthy {
+			return false
+		}
+		retry = !h.interruptible(c, seen, func(ctx context.Context) {
+			h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
+			h.stopAllLocked(ctx, c)
+			h.startLocked(ctx, c)
+		})
+		if retry {
+			h.logger(c).Info("an operation that interrupts starts arrived; it goes first, then the connector is looked at again")
+		}
+		return retry
+	})
+}
+
+// inBackgroundLocked runs f in a goroutine the herder owns, under the lock
+// of connector name if it still lives and is not being deleted. seen is
+// the connector's interrupt count from before f waited for the lock (see
+// interruptible); when f reports retry, it yielded to an operation that
+// interrupts starts, and it runs again after that one.
+func (h *Standalone) inBackgroundLocked(name string, f func(c *conn, seen uint64) (retry bool)) {
 	seen := h.interruptsOf(name)
 	h.inBackground(func() {
 		c, err := h.lookupLive(h.bgCtx, name)
@@ -522,29 +553,10 @@ func (h *Standalone) resumeInterruptedStart(name string) {
 		defer func() {
 			c.unlock()
 			if retry {
-				h.resumeInterruptedStart(name)
+				h.inBackgroundLocked(name, f)
 			}
 		}()
-		h.runHook(hookResumeLocked, name)
-		if c.rec.Target == worker.TargetStopped || c.rec.Dormant || !c.hasPlugin {
-			return
-		}
-		st := h.statusOf(c)
-		healthy := c.running && st.Connector.State != worker.StateFailed
-		for _, t := range st.Tasks {
-			healthy = healthy && t.State != worker.StateFailed
-		}
-		if healthy {
-			return
-		}
-		retry = !h.interruptible(c, seen, func(ctx context.Context) {
-			h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
-			h.stopAllLocked(ctx, c)
-			h.startLocked(ctx, c)
-		})
-		if retry {
-			h.logger(c).Info("an operation that interrupts starts arrived; it goes first, then the connector is looked at again")
-		}
+		retry = f(c, seen)
 	})
 }
 
@@ -1910,23 +1922,11 @@ func (h *Standalone) inBackground(f func()) {
 // asked for an interrupt before its cancel was registered, and looks again
 // afterwards.
 func (h *Standalone) requestReconfiguration(name string) {
-	seen := h.interruptsOf(name)
-	h.inBackground(func() {
-		c, err := h.lookupLive(h.bgCtx, name)
-		if err != nil {
-			return
-		}
-		retry := false
-		defer func() {
-			c.unlock()
-			if retry {
-				h.requestReconfiguration(name)
-			}
-		}()
+	h.inBackgroundLocked(name, func(c *conn, seen uint64) (retry bool) {
 		if !c.running || c.rec.Target == worker.TargetStopped {
-			return
+			return false
 		}
-		retry = !h.interruptible(c, seen, func(ctx context.Context) {
+		return !h.interruptible(c, seen, func(ctx context.Context) {
 			cfgs, err := h.w.TaskConfigs(ctx, name)
 			if err != nil {
 				h.logger(c).Warn("task reconfiguration requested, but the task configs could not be read", "error", err)
