@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -189,18 +188,7 @@ func TestFlowControlIsNotCut(t *testing.T) {
 	name := cfg["name"]
 	q := name + ".fc"
 	cleanupByName(t, b, name, q)
-	logs := &testenv.SyncBuffer{}
-	lg := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	s, err := tryStartSinkLogged(t, cfg, connect.NewMemoryLedger(), &reporter{}, lg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = s.stop(true) }()
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("task log:\n%s", logs.String())
-		}
-	})
+	s, logs := startSinkWithLog(t, cfg)
 	tp := connect.TopicPartition{Topic: "fc", Partition: 0}
 	s.put(rec("fc", 0, 0, "", "v0"))
 	s.flush()
@@ -225,7 +213,7 @@ func TestFlowControlIsNotCut(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(1500*time.Millisecond, cancel)
 	began = time.Now()
-	err = s.task.Put(ctx, recs[15:])
+	err := s.task.Put(ctx, recs[15:])
 	returnedAfter := time.Since(began) - 1500*time.Millisecond
 	cancel()
 	if !errors.Is(err, context.Canceled) {

@@ -409,6 +409,26 @@ func tryStartSink(t testing.TB, cfg connect.Config, l connect.Ledger, errs conne
 
 // tryStartSinkLogged is tryStartSink with the task logging to lg (nil: the
 // default, warnings to stderr).
+// startSinkWithLog starts a sink whose connector and task log into the
+// returned buffer, shown when the test fails, with a memory ledger and a
+// recording reporter; the sink is deleted at the end of the test.
+func startSinkWithLog(t *testing.T, cfg connect.Config) (*sink, *testenv.SyncBuffer) {
+	t.Helper()
+	logs := &testenv.SyncBuffer{}
+	lg := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	s, err := tryStartSinkLogged(t, cfg, connect.NewMemoryLedger(), &reporter{}, lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.stop(true)
+		if t.Failed() {
+			t.Logf("task log:\n%s", logs.String())
+		}
+	})
+	return s, logs
+}
+
 func tryStartSinkLogged(t testing.TB, cfg connect.Config, l connect.Ledger, errs connect.ErrantRecordReporter, lg *slog.Logger) (*sink, error) {
 	name := cfg["name"]
 	s := &sink{t: t, name: name, ledger: l, conn: &Connector{}, task: &Task{}, errs: errs}
