@@ -1677,11 +1677,6 @@ WHERE NOT tg.tgisinternal AND tg.tgname = ANY($2::text[]) AND tg.tgparentid = 0`
 	return out, rows.Err()
 }
 
-// dropOwned drops, in one transaction, every ledger-listed object that still
-// carries this connector's marker, then releases the entries. An object
-// that is gone counts as dropped; one whose marker is not ours (someone
-// replaced it) and a schema that still holds others' objects are kept and
-// released, with a log line.
 // dropAdvice says what to do about a drop PostgreSQL refused for a reason
 // only the user can remove; nothing was dropped (one transaction), and
 // the deletion is retried.
@@ -1699,6 +1694,11 @@ func dropAdvice(err error) string {
 	return ""
 }
 
+// dropOwned drops, in one transaction, every ledger-listed object that still
+// carries this connector's marker, then releases the entries. An object
+// that is gone counts as dropped; one whose marker is not ours (someone
+// replaced it) and a schema that still holds others' objects are kept and
+// released, with a log line.
 func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect.Host, rs []connect.Resource) error {
 	n := objectNames(connector)
 	tx, err := conn.Begin(ctx)

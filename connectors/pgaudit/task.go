@@ -992,7 +992,9 @@ func (t *Task) checkCapture(ctx context.Context) error {
 SELECT x.s, x.n
 FROM unnest($1::text[], $2::text[]) AS x(s, n)
 JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
-JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n
+-- a table: a view (or any other relation) under the name cannot have
+-- been captured, and a Start refuses it rather than installing triggers
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n AND c.relkind IN ('r', 'p')
 WHERE NOT EXISTS (
   SELECT 1 FROM pg_catalog.pg_trigger tg
   WHERE tg.tgrelid = c.oid AND tg.tgparentid = 0

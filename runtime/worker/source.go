@@ -347,10 +347,24 @@ func (s *sourceLoop) ensureTopic(topic string) error {
 			return err
 		}
 		t.log.Warn("cannot create the topic while Kafka does not answer; retrying", "topic", topic, "retry_in", wait, "error", err)
-		select {
-		case <-t.hctx.Done():
-			return errStopping
-		case <-time.After(wait):
+		// The records already acknowledged (other topics) are committed
+		// meanwhile, as while Poll blocks: the retries may last as long as
+		// the outage.
+		timer := time.NewTimer(wait)
+		for waiting := true; waiting; {
+			select {
+			case <-t.hctx.Done():
+				timer.Stop()
+				return errStopping
+			case <-timer.C:
+				waiting = false
+			case <-s.acked:
+				s.wake = true
+				if err := s.processAcks(); err != nil {
+					timer.Stop()
+					return err
+				}
+			}
 		}
 		wait = min(wait*2, topicRetryMax)
 	}
