@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -87,7 +88,20 @@ func (r *errantReporter) Report(ctx context.Context, rec connect.SinkRecord, cau
 		add(HeaderErrExcMessage, cause.Error())
 		add(HeaderErrExcStackTrac, cause.Error())
 	}
-	if err := p.ProduceSync(ctx, kr).FirstErr(); err != nil {
+	// Not ProduceSync: while no broker answers, franz-go keeps the record
+	// (retrying) even after ctx ends, so a pause or stop could not cut a
+	// Report short and Put never returned (the task was abandoned). Given
+	// up on, the record may still reach the topic later, or be failed by
+	// the producer's Close; a Report made again after a resume or restart
+	// may then add a duplicate, as for any at-least-once delivery.
+	done := make(chan error, 1)
+	p.Produce(ctx, kr, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
 		return fmt.Errorf("sending errant record %s[%d]@%d to the dead letter queue topic %s failed: %w; check the topic exists or can be created", rec.Topic, rec.Partition, rec.Offset, t.set.dlqTopic, err)
 	}
 	return nil
@@ -95,29 +109,74 @@ func (r *errantReporter) Report(ctx context.Context, rec connect.SinkRecord, cau
 
 func (r *errantReporter) client(ctx context.Context) (*kgo.Client, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.closed {
-		return nil, fmt.Errorf("the task is stopping: errant record not sent to the dead letter queue")
+		r.mu.Unlock()
+		return nil, errReporterClosed
 	}
-	if r.producer != nil {
-		return r.producer, nil
+	if p := r.producer; p != nil {
+		r.mu.Unlock()
+		return p, nil
+	}
+	r.mu.Unlock()
+	// Not under r.mu: the creation may wait for Kafka, and errantErr (which
+	// the loop calls after every Put and Flush) must not wait with it.
+	if err := r.ensureTopic(ctx); err != nil {
+		return nil, err
 	}
 	t := r.t
-	creator, err := t.w.kafkaAdmin()
+	// No KIP-714 client metrics, as for the source producer: Close would
+	// wait for a final push to a broker that may be away.
+	p, err := kafka.NewClient(t.w.seeds, t.log, append([]kgo.Opt{kgo.DisableClientMetrics()}, t.w.kopts...)...)
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := creator.EnsureWith(cctx, 1, t.set.dlqRF, t.set.dlqTopic); err != nil {
-		return nil, fmt.Errorf("creating the dead letter queue topic: %w", err)
-	}
-	p, err := kafka.NewClient(t.w.seeds, t.log, t.w.kopts...)
-	if err != nil {
-		return nil, err
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		p.Close()
+		return nil, errReporterClosed
+	case r.producer != nil: // a concurrent Report made one first
+		p.Close()
+		return r.producer, nil
 	}
 	r.producer = p
 	return p, nil
+}
+
+var errReporterClosed = errors.New("the task is stopping: errant record not sent to the dead letter queue")
+
+// ensureTopic creates the dead letter queue topic. While no broker answers
+// it asks again, backing off as a source's topic creation does (decision in
+// source.go's ensureTopic), until ctx ends (a pause or stop cancels Put's,
+// Flush's is bounded): the first errant record after a start, during a
+// Kafka outage, failed the task at once (a refused dial fails the creation
+// immediately), while later ones simply waited for Kafka in the produce.
+func (r *errantReporter) ensureTopic(ctx context.Context) error {
+	t := r.t
+	creator, err := t.w.kafkaAdmin()
+	if err != nil {
+		return err
+	}
+	wait := time.Second
+	for {
+		cctx, cancel := context.WithTimeout(ctx, topicAttemptTimeout)
+		err := creator.EnsureWith(cctx, 1, t.set.dlqRF, t.set.dlqTopic)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil, !errors.Is(err, kafka.ErrUnreachable):
+			return fmt.Errorf("creating the dead letter queue topic: %w", err)
+		}
+		t.log.Warn("cannot create the dead letter queue topic while Kafka does not answer; retrying", "topic", t.set.dlqTopic, "retry_in", wait, "error", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("creating the dead letter queue topic: %w", err)
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, topicRetryMax)
+	}
 }
 
 func (r *errantReporter) close() {
