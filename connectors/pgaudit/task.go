@@ -1025,8 +1025,12 @@ ORDER BY 1, 2`, schemas, names,
 	if len(uncaptured) == 0 {
 		return nil
 	}
-	return fmt.Errorf("table %s has none of this connector's capture triggers: it was dropped and made again, or another table took its name, so changes written to it since are not captured; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs the triggers again",
-		strings.Join(uncaptured, ", "), t.s.name)
+	what := "table " + uncaptured[0] + " has"
+	if len(uncaptured) > 1 {
+		what = "tables " + strings.Join(uncaptured, ", ") + " have"
+	}
+	return fmt.Errorf("%s none of this connector's capture triggers filing changes under that name: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured under it; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs or renames the triggers",
+		what, t.s.name)
 }
 
 // commitAfterStop is how long a Commit may go on waiting for the database
