@@ -180,14 +180,7 @@ func (p *slowProxy) accept() {
 // after its context ends, so a long batch is never cut, and a cancelled
 // Put returns after at most the publish under way.
 func TestFlowControlIsNotCut(t *testing.T) {
-	u := testenv.RabbitMQURL(t)
-	b := newBroker(t, u)
-	proxy, purl := newSlowProxy(t, u)
-	cfg := baseConfig(t, purl, "fc")
-	cfg[KeyQueueType] = "classic"
-	name := cfg["name"]
-	q := name + ".fc"
-	cleanupByName(t, b, name, q)
+	proxy, cfg := slowProxiedConfig(t, "fc")
 	s, logs := startSinkWithLog(t, cfg)
 	tp := connect.TopicPartition{Topic: "fc", Partition: 0}
 	s.put(rec("fc", 0, 0, "", "v0"))
@@ -240,14 +233,7 @@ func TestFlowControlIsNotCut(t *testing.T) {
 // or flushed early: the message goes back to the backlog and is
 // republished by the next Flush or Put, a reconnect being the only cost.
 func TestSingleSlowPublishAfterPauseIsCut(t *testing.T) {
-	u := testenv.RabbitMQURL(t)
-	b := newBroker(t, u)
-	proxy, purl := newSlowProxy(t, u)
-	cfg := baseConfig(t, purl, "fc1")
-	cfg[KeyQueueType] = "classic"
-	name := cfg["name"]
-	q := name + ".fc1"
-	cleanupByName(t, b, name, q)
+	proxy, cfg := slowProxiedConfig(t, "fc1")
 	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
 	defer func() { _ = s.stop(true) }()
 	tp := connect.TopicPartition{Topic: "fc1", Partition: 0}
@@ -437,4 +423,17 @@ func TestHeadersOverFrameMaxAreReported(t *testing.T) {
 	if !got["hh-0-1"] || !got["hh-0-3"] {
 		t.Errorf("delivered %v, want hh-0-1 and hh-0-3", got)
 	}
+}
+
+// slowProxiedConfig is the config of a sink of one topic, on a classic
+// queue, reaching the broker through a slow proxy; the connector's objects
+// are removed by name at the end of the test.
+func slowProxiedConfig(t *testing.T, topic string) (*slowProxy, connect.Config) {
+	t.Helper()
+	u := testenv.RabbitMQURL(t)
+	proxy, purl := newSlowProxy(t, u)
+	cfg := baseConfig(t, purl, topic)
+	cfg[KeyQueueType] = "classic"
+	cleanupByName(t, newBroker(t, u), cfg["name"], cfg["name"]+"."+topic)
+	return proxy, cfg
 }

@@ -296,6 +296,17 @@ func await(t testing.TB, within time.Duration, cond func() (ok bool, what string
 // newRole creates a LOGIN role named prefix plus a unique suffix, dropped
 // (with what it owns) when the test ends; it returns the name and the
 // quoted name.
+// urlAs is url with role as its user; a test that cannot derive one (a URL
+// not naming the user postgres) skips, saying why.
+func urlAs(t testing.TB, url, role string) string {
+	t.Helper()
+	u := strings.Replace(url, "postgres@", role+"@", 1)
+	if u == url {
+		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
+	}
+	return u
+}
+
 func newRole(t testing.TB, db *pgxpool.Pool, prefix string) (name, quoted string) {
 	t.Helper()
 	name = testenv.Unique(prefix)

@@ -372,10 +372,7 @@ func TestCaptureFunctionsOnlyForTriggers(t *testing.T) {
 	r := startConnector(t, baseConfig(testenv.Unique("nofeed-"), url, audit, s+".plain", s+".p"), connect.NewMemoryLedger())
 	defer func() { _ = r.stop(true) }()
 
-	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-	}
+	roleURL := urlAs(t, url, role)
 	w, err := pgx.Connect(ctx, roleURL)
 	if err != nil {
 		t.Fatal(err)

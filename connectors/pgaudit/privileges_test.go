@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -27,10 +28,7 @@ func TestDeleteKeepsAnAuditSchemaTheRoleMayNotDrop(t *testing.T) {
 			mustExec(t, db, `CREATE TABLE `+qualified(s, "b")+` (id int)`)
 			mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
 			mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` OWNER TO `+rid)
-			roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-			if roleURL == url {
-				testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-			}
+			roleURL := urlAs(t, url, role)
 			audit := auditSchemaFor(t, db)
 			cfg := baseConfig(testenv.Unique("rvb-"), roleURL, audit, s+".b")
 			if tc == "shared with another role" {
@@ -93,14 +91,8 @@ func TestValidateAuditSchemaPrivilegesAtEveryStart(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` OWNER TO `+rid)
 	mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
-	audit := auditSchemaFor(t, db)
-	qa := pgx.Identifier{audit}.Sanitize()
-	mustExec(t, db, `CREATE SCHEMA `+qa)
-	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+qa+` TO `+rid)
-	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-	}
+	audit, qa := auditSchemaOf(t, db, rid)
+	roleURL := urlAs(t, url, role)
 	cfg := baseConfig(testenv.Unique("rvc-"), roleURL, audit, s+".a")
 	l := connect.NewMemoryLedger()
 	if err := startConnector(t, cfg, l).stop(false); err != nil {
@@ -130,14 +122,8 @@ func TestValidateUsageOnTheTablesSchema(t *testing.T) {
 	role, rid := newRole(t, db, "pga_rv_")
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "a")+` OWNER TO `+rid)
-	audit := auditSchemaFor(t, db)
-	qa := pgx.Identifier{audit}.Sanitize()
-	mustExec(t, db, `CREATE SCHEMA `+qa)
-	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+qa+` TO `+rid)
-	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-	}
+	audit, _ := auditSchemaOf(t, db, rid)
+	roleURL := urlAs(t, url, role)
 	cfg := baseConfig(testenv.Unique("rvu-"), roleURL, audit, s+".a")
 	qs := pgx.Identifier{s}.Sanitize()
 	want := `has no USAGE privilege on schema ` + qs + ` of table ` + qualified(s, "a") + `: GRANT USAGE ON SCHEMA ` + qs + ` TO ` + rid
@@ -200,4 +186,16 @@ func TestDeletionBlockedByADependentObjectSaysWhatToDo(t *testing.T) {
 	if triggers != 0 {
 		t.Errorf("%d triggers left on the captured table", triggers)
 	}
+}
+
+// auditSchemaOf creates an audit schema (dropped at the end of the test)
+// on which role rid (quoted) has USAGE and CREATE, and returns its name,
+// plain and quoted.
+func auditSchemaOf(t *testing.T, db *pgxpool.Pool, rid string) (audit, quoted string) {
+	t.Helper()
+	audit = auditSchemaFor(t, db)
+	quoted = pgx.Identifier{audit}.Sanitize()
+	mustExec(t, db, `CREATE SCHEMA `+quoted)
+	mustExec(t, db, `GRANT USAGE, CREATE ON SCHEMA `+quoted+` TO `+rid)
+	return audit, quoted
 }

@@ -46,10 +46,7 @@ func TestBadConfig(t *testing.T) {
 	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "secret")+` TO `+pgx.Identifier{role}.Sanitize())
 	// The partitioned table is the role's, its partition not.
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "rparted")+` OWNER TO `+pgx.Identifier{role}.Sanitize())
-	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-	}
+	roleURL := urlAs(t, url, role)
 	// Another connector's audit and wake-up tables: capturing them would
 	// capture the connectors' own writes.
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "other")+` (id int)`)
@@ -178,10 +175,7 @@ func TestPartitionTriggerPrivilegeOnlyWhenMade(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (10)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "p")+` OWNER TO `+rid)
 	mustExec(t, db, `GRANT TRIGGER ON `+qualified(s, "p1")+` TO `+rid)
-	roleURL := strings.Replace(url, "postgres@", role+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", role, testenv.PostgresEnv)
-	}
+	roleURL := urlAs(t, url, role)
 	name := testenv.Unique("privs-")
 	l := connect.NewMemoryLedger()
 	if err := startConnector(t, baseConfig(name, roleURL, s, s+".p"), l).stop(false); err != nil {
@@ -219,10 +213,7 @@ func TestStrayTriggerTheRoleCannotDrop(t *testing.T) {
 		mustExec(t, db, `CREATE TABLE `+qualified(s, tb)+` (id int PRIMARY KEY)`)
 		mustExec(t, db, `ALTER TABLE `+qualified(s, tb)+` OWNER TO `+conn)
 	}
-	roleURL := strings.Replace(url, "postgres@", connRole+"@", 1)
-	if roleURL == url {
-		testenv.Skip(t, "cannot derive a URL for role %s from %s", connRole, testenv.PostgresEnv)
-	}
+	roleURL := urlAs(t, url, connRole)
 	name := testenv.Unique("stray-")
 	l := connect.NewMemoryLedger()
 	if err := startConnector(t, baseConfig(name, roleURL, s, s+".a", s+".b"), l).stop(false); err != nil {
