@@ -52,6 +52,13 @@ func TestConformance(t *testing.T) {
 					return b.queueExists(bd.queue) && b.exchangeExists(bd.exchange), nil
 				}
 				return hasBinding(t, "/", bd), nil
+			case KindBindingOwner:
+				// No broker object: it stands for the bindings made with it.
+				if ctlErr != nil {
+					connector, _, _ := strings.Cut(r.Name, "#")
+					return b.exchangeExists(connector), nil
+				}
+				return strings.Contains(bindings(t, "/"), r.Name), nil
 			}
 			return false, fmt.Errorf("unknown kind %q", r.Kind)
 		},
@@ -770,7 +777,7 @@ func TestCleanupFailureKeepsLedgerForRetry(t *testing.T) {
 	if err == nil {
 		t.Fatal("Stopped reported a successful cleanup while the vhost was gone")
 	}
-	for _, r := range owned {
+	for _, r := range brokerObjects(owned) {
 		if !strings.Contains(err.Error(), r.Name) {
 			t.Errorf("cleanup error does not name remaining %v: %v", r, err)
 		}

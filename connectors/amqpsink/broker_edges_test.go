@@ -280,14 +280,16 @@ func TestReturnIsSeenBeforeItsConfirm(t *testing.T) {
 			q := name + ".rr"
 			cleanupByName(t, b, name, q)
 			rep := &reporter{tolerate: tc.tolerate}
-			s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
+			l := connect.NewMemoryLedger()
+			s := startSink(t, cfg, l, rep)
 			defer func() { _ = s.stop(true) }()
+			owner := recordedOwner(listLedger(t, l))
 			// Only key "good" is routed from now on.
 			err := b.on(func(ch *amqp.Channel) error {
 				if err := ch.QueueBind(q, "rr.good", name, false, nil); err != nil {
 					return err
 				}
-				return ch.QueueUnbind(q, "rr.#", name, amqp.Table{OwnerArg: name})
+				return ch.QueueUnbind(q, "rr.#", name, amqp.Table{OwnerArg: owner})
 			})
 			if err != nil {
 				t.Fatal(err)

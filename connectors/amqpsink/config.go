@@ -39,13 +39,21 @@ const (
 	KindExchange = "rabbitmq.exchange"
 	KindQueue    = "rabbitmq.queue"
 	KindBinding  = "rabbitmq.binding"
+	// KindBindingOwner is no broker object: its name is the owner argument
+	// of the bindings this creation of the connector makes (the connector's
+	// name and a random suffix, decision 0050). It is released with the
+	// last binding.
+	KindBindingOwner = "rabbitmq.binding-owner"
 )
 
-// OwnerArg is the queue and binding argument that marks an object created by
-// a tidyconnect connector; its value is the connector name. RabbitMQ stores
-// unknown x- arguments without interpreting them (also for quorum queues) and
-// leaves them out of its equivalence check, and a binding's arguments are part
-// of its identity, so a marked binding cannot be mistaken for one a person made.
+// OwnerArg is the exchange, queue and binding argument that marks an object
+// created by a tidyconnect connector. On an exchange or queue its value is the
+// connector name; on a binding it is the connector name and a suffix drawn
+// when the connector was created (KindBindingOwner). RabbitMQ stores unknown
+// x- arguments without interpreting them (also for quorum queues) and leaves
+// them out of its equivalence check, and a binding's arguments are part of
+// its identity, so a marked binding cannot be mistaken for one a person made,
+// nor for one an earlier connector of the same name left behind.
 const OwnerArg = "x-tidyconnect-owner"
 
 // Message header names carrying the Kafka coordinates.

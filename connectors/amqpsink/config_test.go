@@ -3,6 +3,7 @@ package amqpsink
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -188,5 +189,62 @@ func TestLocation(t *testing.T) {
 		if got := location(tc.url); got != tc.want {
 			t.Errorf("location(%q) = %q, want %q", tc.url, got, tc.want)
 		}
+	}
+}
+
+// recordedOwner picks the owner argument bindings get: the least recorded
+// marker (connector and tasks drawing at once agree on it from then on),
+// else the connector name of bindings an earlier version recorded without
+// a marker, so that a restart after an upgrade rebinds nothing anew.
+func TestRecordedOwner(t *testing.T) {
+	legacy := connect.Resource{Kind: KindBinding, Name: binding{exchange: "ex", queue: "q", key: "k", owner: "c"}.name()}
+	drawn := connect.Resource{Kind: KindBinding, Name: binding{exchange: "ex", queue: "q", key: "k", owner: "c#01"}.name()}
+	for _, tc := range []struct {
+		name string
+		rs   []connect.Resource
+		want string
+	}{
+		{"empty ledger", nil, ""},
+		{"exchange and queue only", []connect.Resource{{Kind: KindExchange, Name: "ex"}, {Kind: KindQueue, Name: "q"}}, ""},
+		{"bindings from before markers", []connect.Resource{{Kind: KindQueue, Name: "q"}, legacy}, "c"},
+		{"one marker", []connect.Resource{drawn, {Kind: KindBindingOwner, Name: "c#01"}}, "c#01"},
+		{"two markers drawn at once", []connect.Resource{{Kind: KindBindingOwner, Name: "c#ff"}, {Kind: KindBindingOwner, Name: "c#0a"}}, "c#0a"},
+		{"a marker wins over legacy bindings", []connect.Resource{legacy, {Kind: KindBindingOwner, Name: "c#ff"}}, "c#ff"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := recordedOwner(tc.rs); got != tc.want {
+				t.Errorf("recordedOwner = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A ledger left with only the owner marker (a crash between recording it
+// and recording the first binding) lists nothing on the broker: deleting
+// the connector releases it without dialling, so it completes even with the
+// broker gone.
+func TestOwnerMarkerAloneNeedsNoBroker(t *testing.T) {
+	cfg := connect.Config{"name": "c", "connector.class": Class, KeyURL: "amqp://guest:guest@127.0.0.1:1/", KeyTopics: "t"}
+	l := connect.NewMemoryLedger()
+	ctx := context.Background()
+	if err := l.Own(ctx, connect.Resource{Kind: KindBindingOwner, Name: "c#01", Location: "amqp://127.0.0.1:1/"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cleanupOnly := range []bool{true, false} {
+		c := &Connector{}
+		h := &connect.Host{Connector: "c", Task: -1, Logger: slog.New(slog.DiscardHandler), Ledger: l, CleanupOnly: cleanupOnly}
+		hctx := connect.WithHost(ctx, h)
+		if !cleanupOnly {
+			cfg[KeyExchangeType] = "bogus" // an invalid config: Start fails before dialling
+		}
+		_ = c.Start(hctx, cfg)
+		c.Stop(true)
+		if err := c.Stopped(hctx); err != nil {
+			t.Errorf("cleanupOnly=%v: deletion: %v", cleanupOnly, err)
+		}
+		if rs, _ := l.List(ctx); len(rs) != 0 {
+			t.Errorf("cleanupOnly=%v: ledger after the deletion: %v", cleanupOnly, rs)
+		}
+		_ = l.Own(ctx, connect.Resource{Kind: KindBindingOwner, Name: "c#01", Location: "amqp://127.0.0.1:1/"})
 	}
 }

@@ -167,8 +167,8 @@ func (c *Connector) Stopped(ctx context.Context) error {
 	if s == nil {
 		// Start failed on the configuration; the ledger says whether there
 		// is anything we would have to drop without one.
-		if rs, err := h.Ledger.List(ctx); err == nil && len(rs) == 0 {
-			return nil
+		if rs, err := h.Ledger.List(ctx); err == nil && len(brokerObjects(rs)) == 0 {
+			return releaseOwners(ctx, h.Ledger, rs)
 		}
 		return errors.New("cannot delete the owned RabbitMQ resources: the configuration is invalid; fix it and delete the connector again")
 	}
@@ -187,12 +187,13 @@ func (c *Connector) Stopped(ctx context.Context) error {
 		}
 		return nil
 	}
-	rs, err := h.Ledger.List(ctx)
+	all, err := h.Ledger.List(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the ledger: %w", err)
 	}
+	rs := brokerObjects(all)
 	if len(rs) == 0 {
-		return nil
+		return releaseOwners(ctx, h.Ledger, all)
 	}
 	if conn == nil || conn.IsClosed() {
 		if conn, err = dial(ctx, s, ConnectionName(s.connector, -1)); err != nil {

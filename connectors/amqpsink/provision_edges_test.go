@@ -2,6 +2,7 @@ package amqpsink
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -257,5 +258,53 @@ func TestValidateNamesAnOverlongQueue(t *testing.T) {
 	cfg[KeyTopics] = "a,b"
 	if errs := (&Connector{}).Validate(context.Background(), cfg); len(errs) != 0 {
 		t.Errorf("Validate of a good configuration = %v", errs)
+	}
+}
+
+// A binding handed over by a deletion with cleanup.on.delete=false stays
+// when a later connector of the same name, using the kept exchange and
+// queue, is deleted. Before, both made the same binding (same exchange,
+// queue, key and owner argument: the connector name), so the second
+// deletion removed the one the first had handed over, and messages to the
+// kept exchange were no longer routed to the kept queue.
+func TestHandedOverBindingSurvivesALaterConnectorOfTheSameName(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	vhost, vurl := testVhost(t, u)
+	first := baseConfig(t, vurl, "t")
+	first[KeyCleanupOnDelete] = "false"
+	s := startSink(t, first, connect.NewMemoryLedger(), &reporter{})
+	if err := s.stop(true); err != nil {
+		t.Fatalf("deleting the first connector: %v", err)
+	}
+	name, queue := first["name"], first["name"]+".t"
+	kept := func() []string {
+		var out []string
+		for _, line := range strings.Split(bindings(t, vhost), "\n") {
+			if f := strings.Split(line, "\t"); len(f) >= 4 && f[0] == name && f[1] == queue && strings.Contains(f[3], OwnerArg) {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	handedOver := kept()
+	if len(handedOver) != 1 {
+		t.Fatalf("after the hand-over, bindings from %q to %q: %q, want one", name, queue, handedOver)
+	}
+
+	second := first.Clone()
+	second[KeyCleanupOnDelete] = "true"
+	l := connect.NewMemoryLedger()
+	s = startSink(t, second, l, &reporter{})
+	if n := len(kept()); n != 2 {
+		t.Errorf("the later connector made %d marked bindings in all, want its own next to the handed-over one", n)
+	}
+	if err := s.stop(true); err != nil {
+		t.Fatalf("deleting the later connector: %v", err)
+	}
+	if got := kept(); !slices.Equal(got, handedOver) {
+		t.Errorf("after deleting the later connector, marked bindings %q, want the handed-over %q", got, handedOver)
+	}
+	if rs := listLedger(t, l); len(rs) != 0 {
+		t.Errorf("ledger after the deletion: %v", rs)
 	}
 }

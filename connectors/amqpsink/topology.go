@@ -100,6 +100,9 @@ type topology struct {
 	// under way, which a stop may cut); the provisioning lock's waits and
 	// the ledger are not such I/O.
 	io func(fn func() error) error
+	// owner is the owner argument of the bindings, once bindingOwner found
+	// or drew it.
+	owner string
 }
 
 func (tp *topology) withChannel(fn func(ch *amqp.Channel) error) error {
@@ -158,8 +161,91 @@ func parseBinding(name string) (binding, error) {
 	return b, nil
 }
 
+// bindingOwner returns the owner argument of this connector's bindings,
+// drawing and recording it with the first binding. It must differ between
+// creations of a connector of the same name: a binding that a deletion with
+// cleanup.on.delete=false handed over is otherwise the very binding a later
+// connector of that name makes (a binding is known by its exchange, queue,
+// key and arguments), and that connector's deletion would remove it. The
+// ledger keeps it across restarts, and a later creation starts with an empty
+// ledger. Connector and tasks that draw one at the same moment each use the
+// least recorded; a binding made with another one is recorded too and is
+// removed as its own.
+func (tp *topology) bindingOwner(ctx context.Context) (string, error) {
+	if tp.owner != "" {
+		return tp.owner, nil
+	}
+	rs, err := tp.ledger.List(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the ledger: %w", err)
+	}
+	if owner := recordedOwner(rs); owner != "" {
+		tp.owner = owner
+		return owner, nil
+	}
+	drawn := fmt.Sprintf("%s#%016x", tp.s.connector, rand.Uint64())
+	if err := tp.ledger.Own(ctx, connect.Resource{Kind: KindBindingOwner, Name: drawn, Location: tp.s.location}); err != nil {
+		return "", fmt.Errorf("recording the owner marker of the bindings in the ledger: %w", err)
+	}
+	if rs, err = tp.ledger.List(ctx); err != nil {
+		return "", fmt.Errorf("reading the ledger: %w", err)
+	}
+	tp.owner = recordedOwner(rs)
+	return tp.owner, nil
+}
+
+// recordedOwner is the owner argument the ledger says bindings get: the
+// least KindBindingOwner entry, else the connector name of bindings that an
+// earlier version recorded without one, else "".
+func recordedOwner(rs []connect.Resource) string {
+	owner, legacy := "", ""
+	for _, r := range rs {
+		switch r.Kind {
+		case KindBindingOwner:
+			if owner == "" || r.Name < owner {
+				owner = r.Name
+			}
+		case KindBinding:
+			if b, err := parseBinding(r.Name); err == nil && legacy == "" {
+				legacy = b.owner
+			}
+		}
+	}
+	if owner != "" {
+		return owner
+	}
+	return legacy
+}
+
+// brokerObjects is rs without the owner markers: what a deletion has to
+// remove from the broker.
+func brokerObjects(rs []connect.Resource) []connect.Resource {
+	var out []connect.Resource
+	for _, r := range rs {
+		if r.Kind != KindBindingOwner {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// releaseOwners releases the owner markers once no binding is left.
+func releaseOwners(ctx context.Context, l connect.Ledger, rs []connect.Resource) error {
+	for _, r := range rs {
+		if r.Kind != KindBindingOwner {
+			continue
+		}
+		if err := l.Release(ctx, r); err != nil {
+			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// bindingFor is the binding of topic; its owner is tp.owner, once
+// bindingOwner or unbindStale set it.
 func (tp *topology) bindingFor(topic string) binding {
-	b := binding{exchange: tp.s.exchange, queue: tp.s.queueName(topic), topic: topic, owner: tp.s.connector}
+	b := binding{exchange: tp.s.exchange, queue: tp.s.queueName(topic), topic: topic, owner: tp.owner}
 	switch tp.s.exchangeType {
 	case "headers":
 		b.headers = true
@@ -340,11 +426,17 @@ func (tp *topology) ensureTopic(ctx context.Context, topic string) error {
 		return err
 	}
 	// The marked binding is ours even between two objects that are not: its
-	// owner argument makes it distinct from any binding a person made.
+	// owner argument makes it distinct from any binding a person made, or
+	// an earlier connector of this name left.
+	owner, err := tp.bindingOwner(ctx)
+	if err != nil {
+		return err
+	}
+	b.owner = owner
 	if err := tp.ledger.Own(ctx, connect.Resource{Kind: KindBinding, Name: b.name(), Location: tp.s.location}); err != nil {
 		return fmt.Errorf("recording the binding of queue %q in the ledger: %w", q, err)
 	}
-	err := tp.withChannel(func(ch *amqp.Channel) error {
+	err = tp.withChannel(func(ch *amqp.Channel) error {
 		return ch.QueueBind(q, b.key, b.exchange, false, b.args())
 	})
 	if err != nil {
@@ -467,7 +559,7 @@ func (tp *topology) cleanup(ctx context.Context) error {
 	if len(remain) > 0 {
 		return fmt.Errorf("amqpsink cleanup left %d owned resource(s); deleting the connector again retries: %s", len(remain), strings.Join(remain, "; "))
 	}
-	return nil
+	return releaseOwners(ctx, tp.ledger, rs)
 }
 
 // unbindStale removes the owned bindings (on this broker) that no topic in
@@ -475,13 +567,16 @@ func (tp *topology) cleanup(ctx context.Context) error {
 // routing-key template or the exchange. The queues stay, with their
 // messages; they go with the connector.
 func (tp *topology) unbindStale(ctx context.Context, topics []string) error {
-	want := map[string]bool{}
-	for _, t := range topics {
-		want[tp.bindingFor(t).name()] = true
-	}
 	rs, err := tp.ledger.List(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the ledger: %w", err)
+	}
+	if tp.owner == "" {
+		tp.owner = recordedOwner(rs)
+	}
+	want := map[string]bool{}
+	for _, t := range topics {
+		want[tp.bindingFor(t).name()] = true
 	}
 	for _, r := range rs {
 		if r.Kind != KindBinding || r.Location != tp.s.location || want[r.Name] {
