@@ -30,6 +30,6 @@ ENV TIDYCONNECT_DATA_DIR=/var/lib/tidyconnect \
 VOLUME ["/var/lib/tidyconnect"]
 EXPOSE 8083
 HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=12 \
-  CMD ["wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8083/"]
+  CMD ["wget", "-q", "-O", "/dev/null", "http://127.0.0.1:8083/health"]
 ENTRYPOINT ["/usr/local/bin/tidyconnect"]
 CMD ["standalone"]

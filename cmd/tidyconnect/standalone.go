@@ -25,6 +25,7 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
 	"github.com/tidyconnect/tidyconnect/runtime/kafka"
+	"github.com/tidyconnect/tidyconnect/runtime/logging"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 	"github.com/tidyconnect/tidyconnect/runtime/rest"
 	"github.com/tidyconnect/tidyconnect/runtime/store"
@@ -105,13 +106,16 @@ func readConnectorFile(path string) (connectorFile, error) {
 	return cf, nil
 }
 
-func newLogger(cfg *config, w io.Writer) *slog.Logger {
+// newLogger logs at --log-level, which GET/PUT /admin/loggers read and
+// change at run time (for everything, or per connector) through levels.
+func newLogger(cfg *config, w io.Writer) (*slog.Logger, *logging.Levels) {
 	level, _ := parseLevel(cfg.logLevel)
-	opts := &slog.HandlerOptions{Level: level}
+	levels := logging.NewLevels(level)
+	opts := &slog.HandlerOptions{Level: logging.Lowest}
 	if cfg.logFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(levels.Handler(slog.NewJSONHandler(w, opts))), levels
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(levels.Handler(slog.NewTextHandler(w, opts))), levels
 }
 
 // workerID is host:port of the REST listener, with a real host name for an
@@ -152,7 +156,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 	if len(fileErrs) > 0 {
 		return &usageError{strings.Join(fileErrs, "\n")}
 	}
-	log := newLogger(cfg, stderr)
+	log, levels := newLogger(cfg, stderr)
 	slog.SetDefault(log)
 	log.Info("starting tidyconnect standalone", "version", version.Version, "commit", version.Commit,
 		"rest_addr", cfg.restAddr, "data_dir", cfg.dataDir)
@@ -268,7 +272,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 	}
 
 	srv := &http.Server{
-		Handler:           rest.New(h, rest.WithLogger(log), rest.WithDeleteTimeout(cfg.deleteTimeout)),
+		Handler:           rest.New(h, rest.WithLogger(log), rest.WithDeleteTimeout(cfg.deleteTimeout), rest.WithLogLevels(levels)),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tidyconnect/tidyconnect/runtime/herder"
+	"github.com/tidyconnect/tidyconnect/runtime/logging"
 )
 
 // DefaultDeleteTimeout bounds how long DELETE /connectors/{c} waits for the
@@ -59,6 +60,7 @@ type server struct {
 	api           herder.API
 	log           *slog.Logger
 	deleteTimeout time.Duration
+	levels        *logging.Levels
 	mux           *http.ServeMux
 }
 
@@ -112,6 +114,11 @@ func (s *server) routes() {
 	h("GET /connector-plugins", s.listPlugins)
 	h("GET /connector-plugins/{p}/config", s.pluginConfig)
 	h("PUT /connector-plugins/{p}/config/validate", s.validate)
+
+	h("GET /health", s.health)
+	h("GET /admin/loggers", s.listLoggers)
+	h("GET /admin/loggers/{logger}", s.getLogger)
+	h("PUT /admin/loggers/{logger}", s.setLogger)
 }
 
 // ServeHTTP normalises the path, routes, turns the mux's own plain-text 404
