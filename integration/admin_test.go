@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The binary serves GET /health, and PUT /admin/loggers changes what it
@@ -47,5 +48,34 @@ func TestHealthAndLogLevelsThroughTheBinary(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(api.must("GET", "/admin/loggers/root", nil, 200))); got != `{"level":"INFO"}` {
 		t.Errorf("GET /admin/loggers/root = %s", got)
+	}
+}
+
+// PUT /admin/loggers/<connector> DEBUG turns on that connector's debug lines
+// (its task's reads and deletes of audit rows) and no other's.
+func TestConnectorLogLevelThroughTheBinary(t *testing.T) {
+	c := newChain(t, true)
+	c.deploy()
+	debugOf := func(connector string) int {
+		n := 0
+		for _, l := range strings.Split(c.w.logLevels("DEBUG"), "\n") {
+			if strings.Contains(l, `"connector":"`+connector+`"`) {
+				n++
+			}
+		}
+		return n
+	}
+	if got := strings.TrimSpace(string(c.api.must("PUT", "/admin/loggers/"+c.src, map[string]string{"level": "DEBUG"}, 200))); got != `["`+c.src+`"]` {
+		t.Errorf("PUT /admin/loggers/%s = %s", c.src, got)
+	}
+	c.exec(`INSERT INTO ` + c.table("customers") + ` (name, email) VALUES ('debug-probe', 'debug@example.com')`)
+	if !eventually(60*time.Second, func() bool { return c.w.logContains("deleted audit rows whose changes Kafka acknowledged") }) {
+		t.Fatalf("no debug line of %s after setting its level to DEBUG:\n%s", c.src, tail(c.w.logPath, 30))
+	}
+	if debugOf(c.src) == 0 {
+		t.Errorf("the debug lines do not carry connector %s", c.src)
+	}
+	if n := debugOf(c.sink); n != 0 {
+		t.Errorf("%d debug lines of %s, whose level was not set:\n%s", n, c.sink, c.w.logLevels("DEBUG"))
 	}
 }

@@ -965,7 +965,9 @@ func (t *Task) Flush(ctx context.Context) (map[connect.TopicPartition]int64, err
 			break
 		}
 	}
-	return t.offsets(), nil
+	offs := t.offsets()
+	t.log.Debug("flushed: every message below these offsets is confirmed by RabbitMQ", "offsets", len(offs), "final", final)
+	return offs, nil
 }
 
 func (t *Task) pendingFailures() bool {

@@ -407,6 +407,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if recs != nil {
 			t.backoff = 0
 			if len(recs) > 0 {
+				t.host.Logger.Debug("read changes from the audit table", "records", len(recs), "rows_in_flight", len(t.inflight))
 				t.idleStep = 0
 				t.emptyReads = 0
 				if t.mark != markClear {
@@ -458,6 +459,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 				return nil, nil
 			}
 			t.mark = markWaiting
+			t.host.Logger.Debug("audit table drained; waiting for a NOTIFY or the poll interval", "poll_interval", interval)
 			continue
 		}
 		// A writer that checked the mark just before it was set commits
@@ -1106,6 +1108,7 @@ func (t *Task) flushPending(ctx context.Context) error {
 		if _, err := t.deleteIDs(ctx, t.pendingDelete); err != nil {
 			return err
 		}
+		t.host.Logger.Debug("deleted audit rows whose changes Kafka acknowledged", "rows", len(t.pendingDelete))
 		t.pendingDelete = nil
 	}
 	if len(t.pendingProgress) > 0 {
