@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,9 +85,9 @@ func (r *errantReporter) Report(ctx context.Context, rec connect.SinkRecord, cau
 		add(HeaderErrTask, strconv.Itoa(t.id.Task))
 		add(HeaderErrStage, "TASK_PUT")
 		add(HeaderErrClass, t.class)
-		add(HeaderErrExcClass, fmt.Sprintf("%T", cause))
+		add(HeaderErrExcClass, errorClass(cause))
 		add(HeaderErrExcMessage, cause.Error())
-		add(HeaderErrExcStackTrac, cause.Error())
+		add(HeaderErrExcStackTrac, errorChain(cause))
 	}
 	// Not ProduceSync: while no broker answers, franz-go keeps the record
 	// (retrying) even after ctx ends, so a pause or stop could not cut a
@@ -187,4 +188,46 @@ func (r *errantReporter) close() {
 		r.producer.Close()
 		r.producer = nil
 	}
+}
+
+// errorClass names the Go type of the error that caused err: the innermost
+// of its wrapping chain (the outer ones are mostly fmt's wrappers, which say
+// nothing), as Kafka names the exception's class.
+func errorClass(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return fmt.Sprintf("%T", err)
+		}
+		err = next
+	}
+}
+
+// errorChain stands in for Kafka's stack trace, which Go errors do not
+// have: the error's message, then each error it wraps as "Caused by:
+// <type>: <message>", the way a Java stack trace lists its causes. Errors
+// that join several (errors.Join) list each, indented under their joiner.
+func errorChain(err error) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%T: %s", err, err.Error())
+	var walk func(e error, indent string)
+	walk = func(e error, indent string) {
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			if c := u.Unwrap(); c != nil {
+				fmt.Fprintf(&b, "\n%sCaused by: %T: %s", indent, c, c.Error())
+				walk(c, indent)
+			}
+		case interface{ Unwrap() []error }:
+			for _, c := range u.Unwrap() {
+				if c == nil {
+					continue
+				}
+				fmt.Fprintf(&b, "\n%s\tCaused by: %T: %s", indent, c, c.Error())
+				walk(c, indent+"\t")
+			}
+		}
+	}
+	walk(err, "")
+	return b.String()
 }
