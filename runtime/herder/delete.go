@@ -25,8 +25,9 @@ import (
 // in the status's Deletion); Close interrupts it, and the recorded intent
 // makes the next start complete it.
 func (h *Standalone) DeleteConnector(ctx context.Context, name string) error {
-	h.interruptStart(name)
+	arrived := h.interruptStart(name)
 	c, err := h.lookup(ctx, name)
+	arrived()
 	if err != nil {
 		if ctx.Err() != nil && !errors.Is(err, ErrNotFound) {
 			if c := h.get(name); c != nil && h.deletionOf(c) != nil {

@@ -129,6 +129,14 @@ const (
 	// hookResumeLocked runs (connector name) when resumeInterruptedStart
 	// holds the connector's lock, before it registers its cancel.
 	hookResumeLocked = "resume-locked"
+	// hookInterruptAsked runs (connector name) when an operation has asked
+	// for an interrupt (interruptStart), before it waits for the
+	// connector's lock.
+	hookInterruptAsked = "interrupt-asked"
+	// hookYieldWait runs (connector name) when a background start that
+	// yielded waits for the operations that asked for an interrupt to
+	// take the connector's lock.
+	hookYieldWait = "yield-wait"
 )
 
 // withHook is test-only: fn runs at the named points above.
@@ -205,6 +213,13 @@ type conn struct {
 	// operation go first instead of starting a task it would have to wait
 	// for (startHeldBack).
 	interrupts uint64
+	// approaching counts the operations that called interruptStart and
+	// have not taken the connector's lock yet (nor given up on it); a
+	// background start does not begin while one is on its way, and once it
+	// yielded it waits for them (approachDone, closed when the count drops
+	// to zero) before it takes the lock again (interruptible).
+	approaching  int
+	approachDone chan struct{}
 }
 
 func (c *conn) lock(ctx context.Context) error {
@@ -452,16 +467,75 @@ func (h *Standalone) lookupLive(ctx context.Context, name string) (*conn, error)
 // interruptStart cancels a background start of name still in progress, so
 // the caller's operation does not wait for a Start that may never return.
 // The interrupted instance ends FAILED (its Stopped runs).
-func (h *Standalone) interruptStart(name string) {
+//
+// The caller calls arrived once it holds the connector's lock or gave up
+// on it: until then no background start begins (interruptible), so none
+// can take the lock again ahead of it and block in Start.
+func (h *Standalone) interruptStart(name string) (arrived func()) {
 	h.mu.Lock()
-	var cancel context.CancelFunc
-	if c := h.conns[name]; c != nil {
-		cancel = c.cancelStart
-		c.interrupts++
-	}
+	c := h.conns[name]
+	cancel := h.approachLocked(c)
 	h.mu.Unlock()
 	if cancel != nil {
 		cancel()
+	}
+	return h.arrival(name, c)
+}
+
+// approachLocked counts an interrupt of c and an operation on its way to
+// c's lock, returning the cancel of c's background start in progress, if
+// any (nil c: nothing to count). h.mu must be held.
+func (h *Standalone) approachLocked(c *conn) (cancel context.CancelFunc) {
+	if c == nil {
+		return nil
+	}
+	c.interrupts++
+	if c.approaching == 0 {
+		c.approachDone = make(chan struct{})
+	}
+	c.approaching++
+	return c.cancelStart
+}
+
+// arrival is the arrived of an operation that approachLocked counted.
+func (h *Standalone) arrival(name string, c *conn) (arrived func()) {
+	h.runHook(hookInterruptAsked, name)
+	var once sync.Once
+	return func() {
+		if c == nil {
+			return
+		}
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			c.approaching--
+			if c.approaching == 0 {
+				close(c.approachDone)
+				c.approachDone = nil
+			}
+		})
+	}
+}
+
+// awaitApproaching waits until no operation that called interruptStart on
+// name is still on its way to the connector's lock (see interruptStart).
+// It reports false when the herder is closing.
+func (h *Standalone) awaitApproaching(name string) bool {
+	h.mu.Lock()
+	var ch chan struct{}
+	if c := h.conns[name]; c != nil {
+		ch = c.approachDone
+	}
+	h.mu.Unlock()
+	if ch == nil {
+		return h.bgCtx.Err() == nil
+	}
+	h.runHook(hookYieldWait, name)
+	select {
+	case <-ch:
+		return true
+	case <-h.bgCtx.Done():
+		return false
 	}
 }
 
@@ -474,8 +548,9 @@ func (h *Standalone) interruptStart(name string) {
 // interrupted says whether a start was interrupted: if validation under the
 // lock then refuses the change after all (a Validate that reaches an
 // external system, a ledger that gained an entry meanwhile), the caller
-// hands the connector to resumeInterruptedStart.
-func (h *Standalone) interruptStartFor(ctx context.Context, name string, next func(connect.Config) connect.Config) (interrupted bool, err error) {
+// hands the connector to resumeInterruptedStart. arrived is interruptStart's
+// (a no-op when the change is refused).
+func (h *Standalone) interruptStartFor(ctx context.Context, name string, next func(connect.Config) connect.Config) (interrupted bool, arrived func(), err error) {
 	h.mu.Lock()
 	c := h.conns[name]
 	starting := c != nil && c.cancelStart != nil && c.deletion == nil
@@ -484,9 +559,20 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 	var hasPlugin bool
 	if starting {
 		rec, spec, hasPlugin = c.rec, c.spec, c.hasPlugin
+	} else {
+		// Nothing to interrupt: counted under this same hold, so that a
+		// background start beginning from now on yields to this change
+		// instead of being cancelled by it unannounced (a change refused
+		// under the lock would then leave it FAILED, never resumed).
+		cancel := h.approachLocked(c) // a deletion's cleanup start, as before
+		h.mu.Unlock()
+		if cancel != nil {
+			cancel()
+		}
+		return false, h.arrival(name, c), nil
 	}
 	h.mu.Unlock()
-	if starting {
+	{
 		cfg := next(rec.Config.Clone())
 		if hasPlugin {
 			cfg = unmaskWith(spec, cfg, rec.Config)
@@ -494,11 +580,10 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 		_, _, errs := h.validate(ctx, name, cfg)
 		mergeErrs(errs, h.classChangeErrorsFor(ctx, name, rec.Config, cfg))
 		if len(errs) > 0 {
-			return false, &ConfigError{Fields: errs}
+			return false, func() {}, &ConfigError{Fields: errs}
 		}
 	}
-	h.interruptStart(name)
-	return starting, nil
+	return true, h.interruptStart(name), nil
 }
 
 // resumeInterruptedStart starts again, in the background and under the
@@ -553,7 +638,13 @@ func (h *Standalone) inBackgroundLocked(name string, f func(c *conn, seen uint64
 		defer func() {
 			c.unlock()
 			if retry {
-				h.inBackgroundLocked(name, f)
+				// The operation it yielded to may not be waiting for the
+				// lock yet: let it take the lock first.
+				h.inBackground(func() {
+					if h.awaitApproaching(name) {
+						h.inBackgroundLocked(name, f)
+					}
+				})
 			}
 		}()
 		retry = f(c, seen)
@@ -573,13 +664,14 @@ func (h *Standalone) interruptsOf(name string) uint64 {
 
 // interruptible runs start, under c's lock, with a context interruptStart
 // cancels. It runs nothing and reports false when an interruptStart came
-// since seen: that operation found nothing to cancel and waits for the
-// lock, so the caller yields it the lock and looks again afterwards.
+// since seen, or one is still on its way to the lock: that operation found
+// nothing to cancel and waits for the lock, so the caller yields it the
+// lock (awaitApproaching) and looks again afterwards.
 func (h *Standalone) interruptible(c *conn, seen uint64, start func(ctx context.Context)) bool {
 	ctx, cancel := context.WithCancel(h.bgCtx)
 	defer cancel()
 	h.mu.Lock()
-	if c.interrupts != seen {
+	if c.interrupts != seen || c.approaching > 0 {
 		h.mu.Unlock()
 		return false
 	}
@@ -857,7 +949,11 @@ func (h *Standalone) startHeldBack(id worker.TaskID) {
 	defer func() {
 		c.unlock()
 		if retry {
-			h.inBackground(func() { h.startHeldBack(id) })
+			h.inBackground(func() {
+				if h.awaitApproaching(id.Connector) {
+					h.startHeldBack(id)
+				}
+			})
 			return
 		}
 		h.runHook(hookAbandonedGone, c.name)
@@ -1117,21 +1213,33 @@ func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg co
 	if msg := ValidateName(name); msg != "" {
 		return ConnectorInfo{}, false, &BadRequestError{Msg: msg}
 	}
-	if h.get(name) == nil {
-		info, err := h.create(ctx, name, cfg, worker.TargetRunning)
-		if errors.Is(err, ErrAlreadyExists) {
-			// Created concurrently: fall through to reconfigure it.
-		} else {
-			return info, err == nil, err
+	var c *conn
+	var interrupted bool
+	for c == nil {
+		if h.get(name) == nil {
+			info, err := h.create(ctx, name, cfg, worker.TargetRunning)
+			if errors.Is(err, ErrAlreadyExists) {
+				// Created concurrently: fall through to reconfigure it.
+			} else {
+				return info, err == nil, err
+			}
 		}
-	}
-	interrupted, err := h.interruptStartFor(ctx, name, func(connect.Config) connect.Config { return cfg })
-	if err != nil {
-		return ConnectorInfo{}, false, err
-	}
-	c, err := h.lookup(ctx, name)
-	if err != nil {
-		return ConnectorInfo{}, false, err
+		var arrived func()
+		var err error
+		interrupted, arrived, err = h.interruptStartFor(ctx, name, func(connect.Config) connect.Config { return cfg })
+		if err != nil {
+			return ConnectorInfo{}, false, err
+		}
+		c, err = h.lookup(ctx, name)
+		arrived()
+		if errors.Is(err, ErrNotFound) {
+			// Deleted while this waited for it: PUT creates it anew, as
+			// Kafka Connect's herder applying the two in order does.
+			continue
+		}
+		if err != nil {
+			return ConnectorInfo{}, false, err
+		}
 	}
 	defer c.unlock()
 	if h.deletionOf(c) != nil {
@@ -1163,11 +1271,12 @@ func (h *Standalone) PatchConnectorConfig(ctx context.Context, name string, patc
 		}
 		return cfg
 	}
-	interrupted, err := h.interruptStartFor(ctx, name, apply)
+	interrupted, arrived, err := h.interruptStartFor(ctx, name, apply)
 	if err != nil {
 		return ConnectorInfo{}, err
 	}
 	c, err := h.lookup(ctx, name)
+	arrived()
 	if err != nil {
 		return ConnectorInfo{}, err
 	}
@@ -1271,7 +1380,9 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s: %w", c.name, err)
 	}
 	h.mu.Lock()
-	c.rec, c.plugin, c.spec, c.hasPlugin = rec, p, spec, true
+	// The old instance's failure (an unknown class, its task configs) is
+	// gone with it; a start below reports its own.
+	c.rec, c.plugin, c.spec, c.hasPlugin, c.failure = rec, p, spec, true, ""
 	h.mu.Unlock()
 	h.logger(c).Info("connector reconfigured", "config", h.mask(c, cfg))
 	if rec.Target != worker.TargetStopped && !rec.Dormant {
@@ -1336,8 +1447,9 @@ func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.Tar
 }
 
 func (h *Standalone) Stop(ctx context.Context, name string) error {
-	h.interruptStart(name)
+	arrived := h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
+	arrived()
 	if err != nil {
 		return err
 	}
@@ -1347,6 +1459,12 @@ func (h *Standalone) Stop(ctx context.Context, name string) error {
 	}
 	h.stopAllLocked(ctx, c)
 	h.forgetStatuses(name, 0)
+	if c.hasPlugin {
+		// A failure of the instance just stopped (its task configs, a
+		// start this stop interrupted) is no longer the connector's: it
+		// reads STOPPED, as in Kafka Connect. Without a plugin it stays.
+		h.setFailure(c, "")
+	}
 	h.logger(c).Info("connector stopped")
 	return nil
 }
@@ -1354,8 +1472,9 @@ func (h *Standalone) Stop(ctx context.Context, name string) error {
 // --- API: restart
 
 func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onlyFailed bool) (ConnectorStatus, error) {
-	h.interruptStart(name)
+	arrived := h.interruptStart(name)
 	c, err := h.lookupLive(ctx, name)
+	arrived()
 	if err != nil {
 		return ConnectorStatus{}, err
 	}
@@ -1496,6 +1615,12 @@ func (h *Standalone) instanceStatus(id worker.TaskID) (worker.Status, bool) {
 		s, ok = h.w.TaskStatus(id)
 	}
 	if ok {
+		if s.State == "" {
+			// Its Start has not returned yet (a start at boot blocked on an
+			// unreachable system): not started, so UNASSIGNED, as before
+			// the start began (decision 0022), never an empty state.
+			s.State = worker.StateUnassigned
+		}
 		return s, true
 	}
 	h.statusMu.Lock()
