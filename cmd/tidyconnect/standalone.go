@@ -111,7 +111,15 @@ func readConnectorFile(path string) (connectorFile, error) {
 func newLogger(cfg *config, w io.Writer) (*slog.Logger, *logging.Levels) {
 	level, _ := parseLevel(cfg.logLevel)
 	levels := logging.NewLevels(level)
-	opts := &slog.HandlerOptions{Level: logging.Lowest}
+	opts := &slog.HandlerOptions{Level: logging.Lowest, ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		// TRACE, which /admin/loggers can set, rather than slog's DEBUG-4.
+		if a.Key == slog.LevelKey && len(groups) == 0 {
+			if l, ok := a.Value.Any().(slog.Level); ok && l < slog.LevelDebug {
+				a.Value = slog.StringValue("TRACE")
+			}
+		}
+		return a
+	}}
 	if cfg.logFormat == "json" {
 		return slog.New(levels.Handler(slog.NewJSONHandler(w, opts))), levels
 	}

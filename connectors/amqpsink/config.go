@@ -41,8 +41,8 @@ const (
 	KindBinding  = "rabbitmq.binding"
 	// KindBindingOwner is no broker object: its name is the owner argument
 	// of the bindings this creation of the connector makes (the connector's
-	// name and a random suffix, decision 0050). It is released with the
-	// last binding.
+	// name and a random suffix, decision 0050). A deletion releases it once
+	// every broker object of the ledger is gone.
 	KindBindingOwner = "rabbitmq.binding-owner"
 )
 

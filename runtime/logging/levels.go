@@ -43,8 +43,8 @@ var levels = map[string]slog.Level{
 // Handler wraps must let it through.
 const Lowest = slog.LevelDebug - 4
 
-// Logger is one logger's level: its name as set (upper case) and when it was
-// last set through SetLevel (zero for the level the worker started with).
+// Logger is one logger's level: its name as set (upper case) and when
+// SetLevel last changed it (zero for the level the worker started with).
 type Logger struct {
 	Level        string
 	LastModified time.Time
@@ -132,18 +132,27 @@ func (l *Levels) SetLevel(name, level string) ([]string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	old := l.cur.Load()
-	e := entry{Logger: Logger{Level: upper, LastModified: time.Now()}, level: lv}
+	now := time.Now()
+	// A logger already at the level keeps its last_modified, as in Kafka
+	// (KIP-976): only a change of level is a modification.
+	set := func(prev entry, had bool) entry {
+		if had && prev.Level == upper {
+			return prev
+		}
+		return entry{Logger: Logger{Level: upper, LastModified: now}, level: lv}
+	}
 	next := &snapshot{root: old.root, byConnector: maps.Clone(old.byConnector)}
 	var changed []string
 	if strings.EqualFold(name, Root) {
-		next.root = e
+		next.root = set(old.root, true)
 		changed = append(changed, Root)
-		for c := range next.byConnector {
-			next.byConnector[c] = e
+		for c, prev := range next.byConnector {
+			next.byConnector[c] = set(prev, true)
 			changed = append(changed, c)
 		}
 	} else {
-		next.byConnector[name] = e
+		prev, had := next.byConnector[name]
+		next.byConnector[name] = set(prev, had)
 		changed = append(changed, name)
 	}
 	l.cur.Store(next)

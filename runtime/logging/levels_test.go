@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // newTestLogger logs through l into a buffer, with a base handler that lets
@@ -129,5 +131,50 @@ func TestName(t *testing.T) {
 		if got := Name(lvl); got != want {
 			t.Errorf("Name(%v) = %s, want %s", lvl, got, want)
 		}
+	}
+}
+
+// Setting a logger to the level it already has is no modification: its
+// last_modified stays (KIP-976; Kafka skips the update). Root sets every
+// connector's level, and only those whose level changes get a new time.
+func TestSetLevelKeepsLastModifiedWhenUnchanged(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		first, again   string // loggers set to DEBUG, then again
+		logger         string // whose last_modified is checked
+		wantSameAsLast bool
+	}{
+		{name: "connector set twice", first: "conn-same-a", again: "conn-same-a", logger: "conn-same-a", wantSameAsLast: true},
+		{name: "root set twice", first: Root, again: Root, logger: Root, wantSameAsLast: true},
+		{name: "root over a connector at that level", first: "conn-same-b", again: Root, logger: "conn-same-b", wantSameAsLast: true},
+		{name: "root over a connector at another level", first: "conn-other", again: Root, logger: "conn-other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLevels(slog.LevelInfo)
+			if _, err := l.SetLevel(tc.first, "DEBUG"); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.wantSameAsLast {
+				if _, err := l.SetLevel(tc.logger, "WARN"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before, _ := l.Logger(tc.logger)
+			// Await a clock that has moved on, so a new time is told apart.
+			for !time.Now().After(before.LastModified) {
+				runtime.Gosched()
+			}
+			// DEBUG again, in another case.
+			if _, err := l.SetLevel(tc.again, "debug"); err != nil {
+				t.Fatal(err)
+			}
+			after, ok := l.Logger(tc.logger)
+			if !ok || after.Level != "DEBUG" {
+				t.Fatalf("after setting %s to DEBUG: %s = %+v, %v", tc.again, tc.logger, after, ok)
+			}
+			if same := after.LastModified.Equal(before.LastModified); same != tc.wantSameAsLast {
+				t.Errorf("%s last_modified %v -> %v: unchanged %v, want %v", tc.logger, before.LastModified, after.LastModified, same, tc.wantSameAsLast)
+			}
+		})
 	}
 }

@@ -77,8 +77,9 @@ func (s *server) getLogger(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	name := r.PathValue("logger")
+	// Kafka answers a LoggerLevel here too: level and last_modified (KIP-976).
 	if l, ok := s.levels.Logger(name); ok {
-		writeJSON(w, http.StatusOK, map[string]string{"level": l.Level})
+		writeJSON(w, http.StatusOK, toLoggerDTO(l))
 		return nil
 	}
 	names, err := s.api.Connectors(r.Context())
@@ -87,8 +88,9 @@ func (s *server) getLogger(w http.ResponseWriter, r *http.Request) error {
 	}
 	for _, n := range names {
 		if n == name {
+			// Root's level, but never modified itself: last_modified null.
 			root, _ := s.levels.Logger(logging.Root)
-			writeJSON(w, http.StatusOK, map[string]string{"level": root.Level})
+			writeJSON(w, http.StatusOK, toLoggerDTO(logging.Logger{Level: root.Level}))
 			return nil
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -37,20 +38,20 @@ func TestHealthAndLoggers(t *testing.T) {
 		}},
 		{name: "loggers", levels: true, steps: []step{
 			{name: "initially root only", method: "GET", path: "/admin/loggers", status: 200, want: `{"root":{"level":"INFO","last_modified":null}}`},
-			{name: "root", method: "GET", path: "/admin/loggers/root", status: 200, want: `{"level":"INFO"}`},
-			{name: "an existing connector logs at root's level", method: "GET", path: "/admin/loggers/src", status: 200, want: `{"level":"INFO"}`},
+			{name: "root", method: "GET", path: "/admin/loggers/root", status: 200, want: `{"level":"INFO","last_modified":null}`},
+			{name: "an existing connector logs at root's level", method: "GET", path: "/admin/loggers/src", status: 200, want: `{"level":"INFO","last_modified":null}`},
 			{name: "unknown logger", method: "GET", path: "/admin/loggers/nope", status: 404, wantMsg: []string{"Logger nope not found."}},
 			{name: "set a connector", method: "PUT", path: "/admin/loggers/src", body: `{"level":"debug"}`, status: 200, want: `["src"]`},
-			{name: "read it back", method: "GET", path: "/admin/loggers/src", status: 200, want: `{"level":"DEBUG"}`},
+			{name: "read it back", method: "GET", path: "/admin/loggers/src", status: 200, wantMsg: []string{`{"level":"DEBUG","last_modified":1`}},
 			{name: "listed with a time", method: "GET", path: "/admin/loggers", status: 200, wantMsg: []string{`"src":{"level":"DEBUG","last_modified":1`, `"root":{"level":"INFO","last_modified":null}`}},
 			{name: "set root sets all", method: "PUT", path: "/admin/loggers/root", body: `{"level":"WARN"}`, status: 200, want: `["root","src"]`},
 			{name: "cluster scope", method: "PUT", path: "/admin/loggers/other?scope=cluster", body: `{"level":"ERROR"}`, status: 204},
-			{name: "cluster scope applied", method: "GET", path: "/admin/loggers/other", status: 200, want: `{"level":"ERROR"}`},
+			{name: "cluster scope applied", method: "GET", path: "/admin/loggers/other", status: 200, wantMsg: []string{`{"level":"ERROR","last_modified":1`}},
 			{name: "unknown level", method: "PUT", path: "/admin/loggers/src", body: `{"level":"LOUD"}`, status: 404, wantMsg: []string{"invalid log level 'LOUD'"}},
 			{name: "no level", method: "PUT", path: "/admin/loggers/src", body: `{"lvl":"DEBUG"}`, status: 400, wantMsg: []string{"'level' parameter was not specified"}},
 			{name: "level not a string", method: "PUT", path: "/admin/loggers/src", body: `{"level":3}`, status: 400, wantMsg: []string{`field \"level\" must be a string`}},
 			{name: "not an object", method: "PUT", path: "/admin/loggers/src", body: `["DEBUG"]`, status: 400, wantMsg: []string{"must be a JSON object"}},
-			{name: "unchanged by the bad requests", method: "GET", path: "/admin/loggers/src", status: 200, want: `{"level":"WARN"}`},
+			{name: "unchanged by the bad requests", method: "GET", path: "/admin/loggers/src", status: 200, wantMsg: []string{`{"level":"WARN","last_modified":1`}},
 		}},
 		{name: "without levels", steps: []step{
 			{method: "GET", path: "/admin/loggers", status: 404, wantMsg: []string{"cannot be changed"}},
@@ -101,5 +102,39 @@ func TestHealthAndLoggers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// GET /admin/loggers/{logger} answers Kafka's LoggerLevel, level and
+// last_modified (KIP-976), as GET /admin/loggers does for each logger:
+// null for a level never set over REST, else the time it was set.
+func TestGetLoggerAnswersLastModified(t *testing.T) {
+	f := newFakeHerder()
+	setup(f)
+	levels := logging.NewLevels(slog.LevelInfo)
+	if _, err := levels.SetLevel("lm-set", "DEBUG"); err != nil {
+		t.Fatal(err)
+	}
+	set, _ := levels.Logger("lm-set")
+	srv := httptest.NewServer(rest.New(f, rest.WithLogLevels(levels)))
+	defer srv.Close()
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{"/admin/loggers/root", `{"level":"INFO","last_modified":null}`},
+		{"/admin/loggers/src", `{"level":"INFO","last_modified":null}`}, // an existing connector at root's level
+		{"/admin/loggers/lm-set", `{"level":"DEBUG","last_modified":` + strconv.FormatInt(set.LastModified.UnixMilli(), 10) + `}`},
+	} {
+		res, err := srv.Client().Get(srv.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: status %d (body %s)", tc.path, res.StatusCode, got)
+			continue
+		}
+		jsonEqual(t, got, tc.want)
 	}
 }
