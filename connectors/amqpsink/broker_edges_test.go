@@ -439,3 +439,65 @@ func slowProxiedConfig(t *testing.T, topic string) (*slowProxy, connect.Config) 
 	cleanupByName(t, newBroker(t, u), cfg["name"], cfg["name"]+"."+topic)
 	return proxy, cfg
 }
+
+// A queue whose policy refuses messages beyond its length
+// (overflow=reject-publish) nacks them: under errors.tolerance=all each is
+// reported as errant and its offset still committed; under none no offset
+// passes the first nacked record. RabbitMQ recommends policies over queue
+// arguments for limits, TTLs and dead-lettering (docs/amqpsink.md).
+// Classic queues only: a quorum queue of RabbitMQ 3.10 took all 50
+// pipelined publishes past a limit of 2 and nacked none (it enforced the
+// limit only for publishes confirmed one at a time).
+func TestPolicyRejectPublishNacksAreErrant(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	const n = 50
+	for _, tc := range []struct {
+		qtype    string
+		tolerate bool
+	}{{"classic", true}, {"classic", false}} {
+		t.Run(fmt.Sprintf("%s,tolerate=%v", tc.qtype, tc.tolerate), func(t *testing.T) {
+			vhost, vurl := testVhost(t, u)
+			ctl(t, "set_policy", "-p", vhost, "--apply-to", "queues", "cap", ".*",
+				`{"max-length":2,"overflow":"reject-publish"}`)
+			b := newBroker(t, vurl)
+			cfg := baseConfig(t, vurl, "np")
+			cfg[KeyQueueType] = tc.qtype
+			rep := &reporter{tolerate: tc.tolerate}
+			s := startSink(t, cfg, connect.NewMemoryLedger(), rep)
+			defer func() { _ = s.stop(true) }()
+			recs := make([]connect.SinkRecord, n)
+			for i := range recs {
+				recs[i] = rec("np", 0, int64(i), "", fmt.Sprint(i))
+			}
+			putErr := s.task.Put(ctxT(t), recs)
+			offs, err := s.task.Flush(ctxT(t))
+			tp := connect.TopicPartition{Topic: "np", Partition: 0}
+			got := rep.got()
+			if len(got) == 0 {
+				t.Fatalf("no nacked record reported (Put %v, Flush %v, %v)", putErr, offs, err)
+			}
+			first := int64(n)
+			for _, r := range got {
+				first = min(first, r.rec.Offset)
+				if r.rec.Offset < 2 || !strings.Contains(r.err.Error(), "nack") {
+					t.Errorf("reported offset %d: %v; want only records past the queue's 2 nacked", r.rec.Offset, r.err)
+				}
+			}
+			if tc.tolerate {
+				if putErr != nil || err != nil || offs[tp] != n {
+					t.Errorf("tolerated: Put %v, Flush = %v, %v; want offset %d", putErr, offs, err, n)
+				}
+				if q := b.messages(cfg["name"] + ".np"); q+len(got) != n {
+					t.Errorf("%d messages in the queue and %d reported, want %d in all", q, len(got), n)
+				}
+				return
+			}
+			if o, ok := offs[tp]; ok && o > first {
+				t.Errorf("errors.tolerance=none: Flush reported offset %d past the first nacked record %d (Put %v, Flush %v)", o, first, putErr, err)
+			}
+			if putErr == nil && err == nil {
+				t.Error("errors.tolerance=none: neither Put nor Flush failed on a nacked record")
+			}
+		})
+	}
+}
