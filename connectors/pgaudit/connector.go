@@ -526,7 +526,10 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	if err := addImageColumns(ctx, conn, v.Table); err != nil {
 		return err
 	}
-	tx, err := conn.Begin(ctx)
+	// READ COMMITTED whatever the database's default: an initial snapshot
+	// must read the table after its triggers' lock was granted, with a
+	// snapshot of its own, not the transaction's first.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return fmt.Errorf("provisioning: %w", err)
 	}
@@ -1062,7 +1065,9 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 `, v.Table, own, own, own, strings.Join(values, ", "))
 	}
 
+	var snapshots []tableName
 	for _, t := range s.tables {
+		created := 0
 		for _, trig := range wantedTriggers(t) {
 			if marker, ok := existing[t.quoted()+" "+trig]; ok {
 				// The connector's own trigger that the ledger does not list
@@ -1081,6 +1086,19 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 			if err := createTrigger(t, trig); err != nil {
 				return err
 			}
+			created++
+		}
+		// A table none of whose capture triggers existed (none of the
+		// connector's triggers was on it, of either kind) is captured from
+		// now on: its current rows go first (docs/decisions/0070).
+		if _, had := relidOf[t]; s.snapshot && !had && created == len(wantedTriggers(t)) {
+			tv := v
+			tv.Captured = t.quoted()
+			tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
+			if err := add("0007_initial_snapshot.up.sql", "", tv); err != nil {
+				return err
+			}
+			snapshots = append(snapshots, t)
 		}
 	}
 	// The commit-order trigger last: creating or dropping it locks the
@@ -1139,6 +1157,9 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
 		}
 		h.Logger.Info("released an object the configuration no longer needs (dropped unless someone had replaced it)", "resource", r.String())
+	}
+	for _, t := range snapshots {
+		h.Logger.Info("initial snapshot: the table's current rows were copied into the audit table and go out first, as 'r' records", "table", t.String())
 	}
 	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
 	return nil

@@ -34,6 +34,7 @@ const (
 	KeyCleanupOnDelete = "cleanup.on.delete"
 	KeyCaptureOrder    = "capture.order"
 	KeyCaptureLevel    = "capture.level"
+	KeySnapshotMode    = "snapshot.mode"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -102,6 +103,9 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyCaptureLevel, Type: connect.TypeString, Default: levelStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 10,
 			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements; needed for per-row order when a table's own AFTER triggers write it again. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
 			Validate: oneOf(levelStatement, levelRow)},
+		{Name: KeySnapshotMode, Type: connect.TypeString, Default: snapshotNever, Importance: connect.ImportanceMedium, Group: "Capture", Order: 11,
+			DisplayName: "Snapshot mode", Doc: "never: only changes made after a table's capture triggers were installed are sent. initial: when a Start installs a table's capture triggers (the first Start, or the one that added the table), the rows already in it are sent first, as 'r' records, consistently with the changes that follow; writers of that table wait while its rows are copied into the audit table (see docs/pgaudit.md).",
+			Validate: oneOf(snapshotNever, snapshotInitial)},
 	}
 }
 
@@ -139,6 +143,8 @@ type settings struct {
 	// rowLevel: capture.level = row, row-level triggers on plain tables
 	// too (docs/decisions/0048).
 	rowLevel bool
+	// snapshot: snapshot.mode = initial (docs/decisions/0070).
+	snapshot bool
 }
 
 // capture.order and capture.level values.
@@ -147,6 +153,9 @@ const (
 	orderStatement = "statement"
 	levelStatement = "statement"
 	levelRow       = "row"
+
+	snapshotNever   = "never"
+	snapshotInitial = "initial"
 )
 
 // parseSettings checks cfg against ConfigDef and returns every problem,
@@ -170,6 +179,9 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	if v, ok := cfg[KeyCaptureLevel]; ok && strings.TrimSpace(v) == "" {
 		errs[KeyCaptureLevel] = append(errs[KeyCaptureLevel], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", levelStatement))
 	}
+	if v, ok := cfg[KeySnapshotMode]; ok && strings.TrimSpace(v) == "" {
+		errs[KeySnapshotMode] = append(errs[KeySnapshotMode], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", snapshotNever))
+	}
 	if len(errs[KeyTables]) == 0 {
 		s.tables, _ = parseTables(cfg[KeyTables])
 		// Two tables on one topic would mix their changes, and keys of
@@ -188,6 +200,7 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	}
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
+	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)
