@@ -518,19 +518,16 @@ func (h *Standalone) arrival(name string, c *conn) (arrived func()) {
 }
 
 // awaitApproaching waits until no operation that called interruptStart on
-// name is still on its way to the connector's lock (see interruptStart).
+// c is still on its way to the connector's lock (see interruptStart).
 // It reports false when the herder is closing.
-func (h *Standalone) awaitApproaching(name string) bool {
+func (h *Standalone) awaitApproaching(c *conn) bool {
 	h.mu.Lock()
-	var ch chan struct{}
-	if c := h.conns[name]; c != nil {
-		ch = c.approachDone
-	}
+	ch := c.approachDone
 	h.mu.Unlock()
 	if ch == nil {
 		return h.bgCtx.Err() == nil
 	}
-	h.runHook(hookYieldWait, name)
+	h.runHook(hookYieldWait, c.name)
 	select {
 	case <-ch:
 		return true
@@ -628,10 +625,25 @@ func (h *Standalone) resumeInterruptedStart(name string) {
 // interruptible); when f reports retry, it yielded to an operation that
 // interrupts starts, and it runs again after that one.
 func (h *Standalone) inBackgroundLocked(name string, f func(c *conn, seen uint64) (retry bool)) {
-	seen := h.interruptsOf(name)
+	if c := h.get(name); c != nil {
+		h.inBackgroundLockedOn(c, f)
+	}
+}
+
+// inBackgroundLockedOn is inBackgroundLocked for the connector c, and only
+// c: once deleted (or deleted and created anew under its name, a new conn)
+// f does not run, as the change it would apply was made for c.
+func (h *Standalone) inBackgroundLockedOn(c0 *conn, f func(c *conn, seen uint64) (retry bool)) {
+	h.mu.Lock()
+	seen := c0.interrupts
+	h.mu.Unlock()
 	h.inBackground(func() {
-		c, err := h.lookupLive(h.bgCtx, name)
+		c, err := h.lookupLive(h.bgCtx, c0.name)
 		if err != nil {
+			return
+		}
+		if c != c0 {
+			c.unlock()
 			return
 		}
 		retry := false
@@ -641,8 +653,8 @@ func (h *Standalone) inBackgroundLocked(name string, f func(c *conn, seen uint64
 				// The operation it yielded to may not be waiting for the
 				// lock yet: let it take the lock first.
 				h.inBackground(func() {
-					if h.awaitApproaching(name) {
-						h.inBackgroundLocked(name, f)
+					if h.awaitApproaching(c) {
+						h.inBackgroundLockedOn(c, f)
 					}
 				})
 			}
@@ -950,7 +962,7 @@ func (h *Standalone) startHeldBack(id worker.TaskID) {
 		c.unlock()
 		if retry {
 			h.inBackground(func() {
-				if h.awaitApproaching(id.Connector) {
+				if h.awaitApproaching(c) {
 					h.startHeldBack(id)
 				}
 			})
@@ -1618,7 +1630,17 @@ func (h *Standalone) instanceStatus(id worker.TaskID) (worker.Status, bool) {
 		if s.State == "" {
 			// Its Start has not returned yet (a start at boot blocked on an
 			// unreachable system): not started, so UNASSIGNED, as before
-			// the start began (decision 0022), never an empty state.
+			// the start began (decision 0022), never an empty state;
+			// unless the herder gave up on that Start (its caller's
+			// context ended) and recorded it FAILED (onStatusIfMissing):
+			// that failure is the instance's state.
+			h.statusMu.Lock()
+			rec, recorded := h.statuses[id]
+			h.statusMu.Unlock()
+			if recorded && rec.State == worker.StateFailed {
+				rec.WorkerID, rec.Abandoned = s.WorkerID, rec.Abandoned || s.Abandoned
+				return rec, true
+			}
 			s.State = worker.StateUnassigned
 		}
 		return s, true

@@ -1,0 +1,187 @@
+package herder
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
+	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
+	"github.com/tidyconnect/tidyconnect/runtime/plugins"
+	"github.com/tidyconnect/tidyconnect/runtime/store"
+	"github.com/tidyconnect/tidyconnect/runtime/worker"
+)
+
+// A start the herder gave up on (the request's context ended while a Start
+// that ignores it still runs) is a failed start: the herder recorded FAILED
+// and treats the connector as not running. Its status must not read
+// UNASSIGNED ("not started yet") only because the worker still lists the
+// instance whose Start has not returned: a restart of failed instances
+// (onlyFailed) would skip it.
+func TestStatusOfAStartTheHerderGaveUpOnIsFailed(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	t.Cleanup(rec.ReleaseBlocked)
+	ctx := testCtx(t)
+	name := testenv.Unique("gaveup-")
+	cfg := sourceConfig(testenv.Unique("t-"), 1, sampleconn.KeyBlockStart, sampleconn.BlockIgnoreCtx)
+	if _, err := hs.h.CreateConnector(ctx, name, cfg, worker.TargetStopped); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- hs.h.Resume(rctx, name) }()
+	if err := rec.AwaitCall(ctx, sampleconn.ConnectorInstance(name)+" Start blocking", 1); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	st, err := hs.h.ConnectorStatus(ctx, name)
+	if err != nil || st.Connector.State != worker.StateFailed {
+		t.Errorf("status after the herder gave up on the start = %+v (%v), want FAILED", st.Connector, err)
+	}
+}
+
+// A start that yielded to an operation and waits for it (awaitApproaching)
+// belongs to the connector it was made for: when that operation deletes the
+// connector and another one is created under the same name before the
+// start looks again, the start must not run on the new connector. Here the
+// resumed start of a refused change yields to a DELETE; the connector
+// created anew afterwards failed to start, and the old connector's resumed
+// start used to start it again ("its start was interrupted for a config
+// change that was then refused"), which nobody asked for.
+func TestYieldedStartDoesNotRunOnAConnectorCreatedAnew(t *testing.T) {
+	ctx := testCtx(t)
+	rec := sampleconn.NewRecorder()
+	slow := newSlowStarts()
+	resumeLocked, proceedResume := make(chan struct{}), make(chan struct{})
+	asked, proceedOp := make(chan struct{}), make(chan struct{})
+	yieldWait, proceedYield := make(chan struct{}), make(chan struct{})
+	var resumeOnce, proceedResumeOnce, askedOnce, proceedOpOnce, yieldOnce, proceedYieldOnce sync.Once
+	releaseResume := func() { proceedResumeOnce.Do(func() { close(proceedResume) }) }
+	releaseOp := func() { proceedOpOnce.Do(func() { close(proceedOp) }) }
+	releaseYield := func() { proceedYieldOnce.Do(func() { close(proceedYield) }) }
+	var armed atomic.Bool
+	hook := withHook(func(point, connector string) {
+		wait := func(first bool, proceed chan struct{}) {
+			if first {
+				select {
+				case <-proceed:
+				case <-ctx.Done():
+				}
+			}
+		}
+		switch point {
+		case hookResumeLocked:
+			first := false
+			resumeOnce.Do(func() { first = true; close(resumeLocked) })
+			wait(first, proceedResume)
+		case hookInterruptAsked:
+			if !armed.Load() {
+				return
+			}
+			first := false
+			askedOnce.Do(func() { first = true; close(asked) })
+			wait(first, proceedOp)
+		case hookYieldWait:
+			first := false
+			yieldOnce.Do(func() { first = true; close(yieldWait) })
+			wait(first, proceedYield)
+		}
+	})
+	reg, err := plugins.New(append(sampleconn.Plugins(rec), slow.plugin())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	open := func() (*Standalone, func()) {
+		st, err := store.OpenFile(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := NewStandalone(ctx, WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)), hook,
+			WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		closeFn := func() {
+			once.Do(func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := h.Close(cctx); err != nil {
+					t.Errorf("Close: %v", err)
+				}
+				_ = st.Close()
+			})
+		}
+		t.Cleanup(closeFn)
+		return h, closeFn
+	}
+	h, closeFn := open()
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
+	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
+		t.Fatal(err)
+	}
+	closeFn()
+	gate := make(chan struct{})
+	slow.mu.Lock()
+	slow.gate = gate
+	slow.mu.Unlock()
+	h, closeFn = open()
+	t.Cleanup(releaseResume)
+	t.Cleanup(releaseOp)
+	t.Cleanup(releaseYield)
+	t.Cleanup(func() { close(gate) })
+	select {
+	case <-slow.entered:
+	case <-ctx.Done():
+		t.Fatal("the start of x at boot never began")
+	}
+	changed := cfg.Clone()
+	changed["slow.validate"] = "once"
+	var ce *ConfigError
+	if _, _, err := h.PutConnectorConfig(ctx, "x", changed); !errors.As(err, &ce) {
+		t.Fatalf("PUT refused on the second look: %v, want a ConfigError", err)
+	}
+	select {
+	case <-resumeLocked:
+	case <-ctx.Done():
+		t.Fatal("the start after the refused change never took the lock")
+	}
+	armed.Store(true)
+	delDone := make(chan error, 1)
+	go func() { delDone <- h.DeleteConnector(ctx, "x") }()
+	select {
+	case <-asked:
+	case <-ctx.Done():
+		t.Fatal("the DELETE never asked for an interrupt")
+	}
+	releaseResume()
+	select {
+	case <-yieldWait: // the resumed start yielded and waits for the DELETE
+	case <-ctx.Done():
+		t.Fatal("the resumed start never yielded to the DELETE")
+	}
+	releaseOp()
+	if err := <-delDone; err != nil {
+		t.Fatalf("DELETE: %v", err)
+	}
+	// Another connector under the same name, whose start fails.
+	if _, err := h.CreateConnector(ctx, "x", sourceConfig("t", 1, sampleconn.KeyFailStart, "true"), ""); err != nil {
+		t.Fatal(err)
+	}
+	starts := rec.CountPrefix(sampleconn.ConnectorInstance("x") + " Start")
+	releaseYield()
+	h.bgWG.Wait() // the yielded start's goroutines, its retry included
+	if n := rec.CountPrefix(sampleconn.ConnectorInstance("x") + " Start"); n != starts {
+		t.Errorf("the new connector x was started %d more time(s) by the old connector's yielded start, want none", n-starts)
+	}
+}
