@@ -235,6 +235,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 				worker.WithLogger(log), worker.WithStatusListener(hk.Status),
 				worker.WithTaskReconfigurationHandler(hk.Reconfigure),
 				worker.WithAbandonedTaskHandler(hk.AbandonedTaskGone),
+				worker.WithTopicHandler(hk.TopicSeen),
 				worker.WithGracefulTimeout(cfg.gracefulTimeout),
 				worker.WithTopicCreation(int32(cfg.topicPartitions), int16(cfg.topicReplication)),
 			)

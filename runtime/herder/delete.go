@@ -226,7 +226,7 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 	}
 	if h.adm != nil {
 		// Best effort: a leftover group only holds offsets.
-		if _, err := h.adm.DeleteGroup(ctx, SinkGroup(name)); err != nil && !isGroupGone(err) {
+		if err := h.dropSinkGroup(ctx, SinkGroup(name)); err != nil {
 			h.logger(c).Warn("could not delete the sink consumer group; delete it by hand if it matters", "group", SinkGroup(name), "error", err)
 		}
 	}

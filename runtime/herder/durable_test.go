@@ -428,6 +428,24 @@ func TestBlockingStartDoesNotHoldUpARestart(t *testing.T) {
 	}
 }
 
+// TestTopicsPersistedWhenFirstUsed: a topic is in the store as soon as a
+// task used it, with no stop and no GET topics (which both persist it), so
+// a crash (kill -9 of the worker) does not lose it.
+func TestTopicsPersistedWhenFirstUsed(t *testing.T) {
+	rec := sampleconn.NewRecorder()
+	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
+	ctx := testCtx(t)
+	name, topic := testenv.Unique("topics-seen-"), testenv.Unique("t-")
+	if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(topic, 1), ""); err != nil {
+		t.Fatal(err)
+	}
+	awaitCommitted(t, rec, name, 5)
+	pollUntil(t, "the used topic to be persisted", func() bool {
+		got, err := hs.st.Topics(ctx, name)
+		return err == nil && slices.Equal(got, []string{topic})
+	})
+}
+
 // TestTopicsPersistAndReset: the topics a connector used survive a restart
 // of the herder; reset clears them.
 func TestTopicsPersistAndReset(t *testing.T) {

@@ -204,7 +204,7 @@ func (hs *harness) start() {
 		newWorker = func(hk WorkerHooks) (Worker, error) {
 			w, err := worker.New(worker.WithID("test:8083"), worker.WithPlugins(hs.reg), worker.WithOffsetStore(st),
 				worker.WithKafka(hs.seeds), worker.WithLogger(log), worker.WithStatusListener(hk.Status), worker.WithTaskReconfigurationHandler(hk.Reconfigure),
-				worker.WithAbandonedTaskHandler(hk.AbandonedTaskGone),
+				worker.WithAbandonedTaskHandler(hk.AbandonedTaskGone), worker.WithTopicHandler(hk.TopicSeen),
 				worker.WithGracefulTimeout(3*time.Second))
 			if err != nil {
 				return nil, err

@@ -52,6 +52,11 @@ type WorkerHooks struct {
 	// (worker.WithAbandonedTaskHandler): a start of that task held back
 	// meanwhile is then made. It does not block.
 	AbandonedTaskGone func(id worker.TaskID)
+	// TopicSeen is told that a connector's tasks used a topic for the
+	// first time on this worker (worker.WithTopicHandler): the active
+	// topics are persisted then, so GET /connectors/{name}/topics still
+	// lists them after a crash. It does not block.
+	TopicSeen func(connector, topic string)
 }
 
 // NewWorkerFunc creates the worker the herder drives, reporting to
@@ -263,7 +268,7 @@ func NewStandalone(ctx context.Context, opts ...Option) (*Standalone, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("herder: missing required options: %s", strings.Join(missing, ", "))
 	}
-	w, err := h.newWorker(WorkerHooks{Status: h.onStatus, Reconfigure: h.requestReconfiguration, AbandonedTaskGone: h.abandonedGone})
+	w, err := h.newWorker(WorkerHooks{Status: h.onStatus, Reconfigure: h.requestReconfiguration, AbandonedTaskGone: h.abandonedGone, TopicSeen: h.topicSeen})
 	if err != nil {
 		return nil, fmt.Errorf("herder: creating the worker: %w", err)
 	}
@@ -894,6 +899,18 @@ func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 		h.logger(c).Error("task failed to start; fix the cause and restart it", "task", i, "error", err)
 		h.onStatusIfMissing(c.name, i, err)
 	}
+}
+
+// topicSeen persists the active topics once a task used a new one, in a
+// goroutine the herder owns and under the connector's lock (so the write
+// cannot race a deletion's forget and bring its directory back). Before,
+// they were persisted only when tasks stopped or on GET topics, and a crash
+// lost them.
+func (h *Standalone) topicSeen(connector, _ string) {
+	h.inBackgroundLocked(connector, func(c *conn, _ uint64) bool {
+		h.saveTopics(h.bgCtx, c)
+		return false
+	})
 }
 
 // saveTopics keeps what the worker saw so GET topics survives restarts.
@@ -1889,6 +1906,43 @@ func (h *Standalone) alterSinkOffsets(ctx context.Context, name string, offsets 
 	return nil
 }
 
+// dropSinkGroup deletes the consumer group of a sink, its committed
+// offsets first, each with OffsetDelete. The embedded broker (kfake) logs an
+// offset deletion durably but not a DeleteGroups, which reaches its data
+// only at a clean shutdown: after a crash (kill -9) the deleted group came
+// back with every offset, so a sink re-created under the name, or one whose
+// offsets were reset, resumed where the old one had stopped and never got
+// the records before. A real cluster persists both; there the offset
+// deletion is merely redundant.
+func (h *Standalone) dropSinkGroup(ctx context.Context, group string) error {
+	offs, err := h.adm.FetchOffsets(ctx, group)
+	if isGroupGone(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("fetching its offsets: %w", err)
+	}
+	del := kadm.TopicsSet{}
+	for _, o := range offs.Sorted() {
+		if o.Err == nil && o.At >= 0 {
+			del.Add(o.Topic, o.Partition)
+		}
+	}
+	if len(del) > 0 {
+		resp, err := h.adm.DeleteOffsets(ctx, group, del)
+		if err == nil {
+			err = resp.Error()
+		}
+		if err != nil && !isGroupGone(err) {
+			return fmt.Errorf("deleting its offsets: %w", err)
+		}
+	}
+	if _, err := h.adm.DeleteGroup(ctx, group); err != nil && !isGroupGone(err) {
+		return err
+	}
+	return nil
+}
+
 func isGroupGone(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "GROUP_ID_NOT_FOUND") || strings.Contains(err.Error(), "does not exist"))
 }
@@ -1903,7 +1957,7 @@ func (h *Standalone) ResetOffsets(ctx context.Context, name string) error {
 		if err := h.requireAdmin(); err != nil {
 			return err
 		}
-		if _, err := h.adm.DeleteGroup(ctx, SinkGroup(name)); err != nil && !isGroupGone(err) {
+		if err := h.dropSinkGroup(ctx, SinkGroup(name)); err != nil {
 			return fmt.Errorf("herder: deleting consumer group %s: %w", SinkGroup(name), err)
 		}
 	} else if err := h.store.DeleteOffsets(ctx, name); err != nil {

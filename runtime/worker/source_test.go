@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -192,5 +193,43 @@ func TestSourceFinalOffsetWriteBeforeStopped(t *testing.T) {
 	}
 	if store.late.Load() != 0 {
 		t.Error("offsets written after Stopped")
+	}
+}
+
+// TestTopicHandler: WithTopicHandler is told once per connector and topic
+// when a task first uses it (the herder persists the active topics then),
+// not for every record, and again after ResetTopics.
+func TestTopicHandler(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	e := newEnv(t, WithTopicHandler(func(connector, topic string) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, connector+" "+topic)
+	}))
+	got := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(calls)
+	}
+	name, topic := testenv.Unique("src-"), testenv.Unique("src-topic-")
+	id, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyCount, "50", sampleconn.KeyBatch, "7"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.await("50 committed records", func() bool { return len(e.rec.Committed(name)) >= 50 })
+	if want := []string{name + " " + topic}; !slices.Equal(got(), want) {
+		t.Errorf("handler calls after 50 records = %v, want %v", got(), want)
+	}
+	if errs := e.w.StopTasks(e.ctx(), []TaskID{id}, false); errs[id] != nil {
+		t.Fatal(errs[id])
+	}
+	e.w.ResetTopics(name)
+	if _, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyCount, "55"), 0); err != nil { // resumes at 50
+		t.Fatal(err)
+	}
+	e.await("the topic told again after ResetTopics", func() bool { return len(got()) == 2 })
+	if want := []string{name + " " + topic, name + " " + topic}; !slices.Equal(got(), want) {
+		t.Errorf("handler calls = %v, want %v", got(), want)
 	}
 }

@@ -37,6 +37,7 @@ type Worker struct {
 	topicConfigs     map[string]*string
 	reconfigure      func(connector string)
 	abandonedGone    func(id TaskID)
+	topicSeen        func(connector, topic string)
 
 	adminOnce sync.Once
 	admin     *kgo.Client
@@ -134,6 +135,15 @@ func WithAbandonedTaskHandler(f func(id TaskID)) Opt {
 	return func(w *Worker) { w.abandonedGone = f }
 }
 
+// WithTopicHandler sets what is told that a connector's tasks used a topic
+// for the first time since they started on this worker (or since
+// ResetTopics), so the caller can persist the active topics at once rather
+// than lose them in a crash. It is called from the task's goroutine and must
+// not block.
+func WithTopicHandler(f func(connector, topic string)) Opt {
+	return func(w *Worker) { w.topicSeen = f }
+}
+
 // Errors callers can test with errors.Is.
 var (
 	ErrUnknownPlugin = errors.New("unknown connector plugin")
@@ -187,6 +197,9 @@ func New(opts ...Opt) (*Worker, error) {
 	if w.abandonedGone == nil {
 		w.abandonedGone = func(TaskID) {}
 	}
+	if w.topicSeen == nil {
+		w.topicSeen = func(string, string) {}
+	}
 	return w, nil
 }
 
@@ -214,11 +227,15 @@ func (w *Worker) report(connector string, task int, s Status) {
 
 func (w *Worker) addTopic(connector, topic string) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.topics[connector] == nil {
 		w.topics[connector] = map[string]bool{}
 	}
+	seen := w.topics[connector][topic]
 	w.topics[connector][topic] = true
+	w.mu.Unlock()
+	if !seen {
+		w.topicSeen(connector, topic)
+	}
 }
 
 func (w *Worker) host(connector string, task int, ledger connect.Ledger, cleanupOnly bool, typ connect.ConnectorType) *connect.Host {
