@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -57,6 +58,43 @@ const regexMetadataMaxAge = 10 * time.Second
 // groupID is the consumer group of a sink connector, as Kafka Connect names it.
 func groupID(connector string) string { return "connect-" + connector }
 
+// regexCheckTimeout bounds warnTopicsNoLongerMatched.
+const regexCheckTimeout = 30 * time.Second
+
+// warnTopicsNoLongerMatched logs a warning naming the topics the
+// connector's consumer group holds committed offsets for that topics.regex
+// matches only in part. Before topics.regex matched whole names, such a
+// sink consumed them; after an upgrade it silently stopped doing so (its
+// status stays RUNNING). The warning says how to keep consuming them.
+func (s *sinkLoop) warnTopicsNoLongerMatched(ctx context.Context) {
+	t := s.t
+	whole, err := regexp.Compile(anchoredRegex(t.set.topicsRegex))
+	if err != nil {
+		return
+	}
+	part, err := regexp.Compile(t.set.topicsRegex)
+	if err != nil {
+		return
+	}
+	offsets, err := kadm.NewClient(s.consumer).FetchOffsets(ctx, groupID(t.id.Connector))
+	if err != nil {
+		t.log.Debug("could not read the consumer group's committed offsets to check topics.regex against the topics it consumed", "error", err)
+		return
+	}
+	var missed []string
+	for topic := range offsets {
+		if topic != t.set.dlqTopic && !whole.MatchString(topic) && part.MatchString(topic) {
+			missed = append(missed, topic)
+		}
+	}
+	if len(missed) == 0 {
+		return
+	}
+	slices.Sort(missed)
+	t.log.Warn("topics.regex matches whole topic names (as in Kafka Connect) and no longer matches topics this connector consumed before (an earlier version matched the pattern anywhere in the name): their new records are not delivered; to keep consuming them, set topics.regex to the suggested pattern",
+		"topics.regex", t.set.topicsRegex, "topics", missed, "suggested", ".*(?:"+t.set.topicsRegex+").*")
+}
+
 func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) {
 	s := &sinkLoop{
 		t: t, task: task,
@@ -97,6 +135,21 @@ func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) 
 		return nil, err
 	}
 	final = s.finish
+	if t.set.topicsRegex != "" && t.id.Task == 0 {
+		// Best effort, beside the loop; the final step waits for it before
+		// the client closes.
+		ctx, cancel := context.WithTimeout(t.base, regexCheckTimeout)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.warnTopicsNoLongerMatched(ctx)
+		}()
+		final = func() {
+			cancel()
+			<-done
+			s.finish()
+		}
+	}
 	nextFlush := time.Now().Add(t.set.flushInterval)
 	for {
 		if err := s.takeAsyncErr(); err != nil {

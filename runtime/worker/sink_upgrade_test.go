@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+)
+
+// A topics.regex sink whose consumer group holds committed offsets on a
+// topic the regex matches only in part warns, naming that topic: an earlier
+// version matched the regex anywhere in the name and consumed it, and after
+// an upgrade the sink stops delivering its records while its status stays
+// RUNNING. A topic the regex matches whole is not named.
+func TestTopicsRegexWarnsAboutTopicsNoLongerMatched(t *testing.T) {
+	var logs testenv.SyncBuffer
+	e := newEnv(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	name, prefix := testenv.Unique("rxold-"), testenv.Unique("rxo")
+	produce(t, e.brokers, prefix+"-ab", 2, func(i int) string { return fmt.Sprint("ab", i) })
+	produce(t, e.brokers, prefix+"-a", 2, func(i int) string { return fmt.Sprint("a", i) })
+
+	// What the earlier version left: the group consumed both topics.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var offs kadm.Offsets
+	offs.Add(kadm.Offset{Topic: prefix + "-ab", Partition: 0, At: 1, LeaderEpoch: -1})
+	offs.Add(kadm.Offset{Topic: prefix + "-a", Partition: 0, At: 1, LeaderEpoch: -1})
+	resp, err := kadm.NewClient(cl).CommitOffsets(ctx, groupID(name), offs)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("committing the earlier version's offsets: %v", err)
+	}
+
+	cfg := sinkConfig(name, "")
+	delete(cfg, KeyTopics)
+	cfg[KeyTopicsRegex] = prefix + "-a"
+	if _, err := e.startTask(cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("the warning about "+prefix+"-ab", func() bool {
+		return strings.Contains(logs.String(), "no longer matches topics this connector consumed before")
+	})
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "no longer matches topics") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "topics=["+prefix+"-ab]") || !strings.Contains(line, "suggested=") {
+		t.Errorf("warning %q, want it to name only %s-ab and suggest a pattern", line, prefix)
+	}
+}
