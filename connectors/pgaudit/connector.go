@@ -1113,6 +1113,14 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 
 	if script.Len() > 0 {
 		if _, err := tx.Exec(ctx, script.String()); err != nil {
+			// The initial snapshot reads with row security off
+			// (0007_initial_snapshot.up.sql): a table whose policies apply
+			// to its owner fails it rather than lose rows.
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security") {
+				return fmt.Errorf("provisioning the audit objects of connector %q: %w; the initial snapshot (%s=%s) would miss the rows the table's policies hide from the role (FORCE ROW LEVEL SECURITY): give the role BYPASSRLS, or ALTER TABLE ... NO FORCE ROW LEVEL SECURITY, or set %s=%s",
+					s.name, err, KeySnapshotMode, snapshotInitial, KeySnapshotMode, snapshotNever)
+			}
 			return fmt.Errorf("provisioning the audit objects of connector %q: %w", s.name, err)
 		}
 	}

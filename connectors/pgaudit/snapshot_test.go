@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
@@ -278,5 +280,72 @@ func TestSnapshotModeValidation(t *testing.T) {
 		if got := len(errs[KeySnapshotMode]) > 0; got != tc.bad {
 			t.Errorf("snapshot.mode=%q: errors %v, want an error %v", tc.value, errs[KeySnapshotMode], tc.bad)
 		}
+	}
+}
+
+// A table under FORCE ROW LEVEL SECURITY shows its owner only the rows its
+// policies let through: the snapshot must not leave the others out without
+// a word. Start fails (nothing provisioned) unless the role bypasses row
+// security, and reads every row.
+func TestInitialSnapshotForcedRowSecurity(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		force     bool // FORCE ROW LEVEL SECURITY: the policies apply to the owner
+		bypassRLS bool
+		fails     bool
+	}{
+		{"policies apply to the owner", true, false, true},
+		{"role with BYPASSRLS", true, true, false},
+		{"policies the owner bypasses", false, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db, url := admin(t)
+			ctx := testCtx(t)
+			s := newSchema(t, db)
+			role, rid := newRole(t, db, "pga_rls_")
+			table := qualified(s, "t")
+			mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY)`)
+			mustExec(t, db, `INSERT INTO `+table+` SELECT generate_series(1, 10)`)
+			mustExec(t, db, `GRANT USAGE ON SCHEMA `+pgx.Identifier{s}.Sanitize()+` TO `+rid)
+			mustExec(t, db, `ALTER TABLE `+table+` OWNER TO `+rid)
+			mustExec(t, db, `ALTER TABLE `+table+` ENABLE ROW LEVEL SECURITY`)
+			if tc.force {
+				mustExec(t, db, `ALTER TABLE `+table+` FORCE ROW LEVEL SECURITY`)
+			}
+			mustExec(t, db, `CREATE POLICY even ON `+table+` USING (id % 2 = 0)`)
+			if tc.bypassRLS {
+				mustExec(t, db, `ALTER ROLE `+rid+` BYPASSRLS`)
+			}
+			var dbName string
+			if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
+				t.Fatal(err)
+			}
+			mustExec(t, db, `GRANT CREATE ON DATABASE `+pgx.Identifier{dbName}.Sanitize()+` TO `+rid)
+			t.Cleanup(func() { mustExec(t, db, `REVOKE CREATE ON DATABASE `+pgx.Identifier{dbName}.Sanitize()+` FROM `+rid) })
+			cfg := baseConfig(testenv.Unique("snaprls-"), urlAs(t, url, role), auditSchemaFor(t, db), s+".t")
+			cfg[KeySnapshotMode] = snapshotInitial
+			r, err := tryStart(t, cfg, connect.NewMemoryLedger())
+			if tc.fails {
+				if err == nil {
+					_ = r.stop(true)
+					t.Fatal("Start succeeded although the policies hide rows from the snapshot")
+				}
+				if !strings.Contains(err.Error(), "row-level security") {
+					t.Errorf("Start: %v; want it to name row-level security", err)
+				}
+				if n := triggerCount(t, db, s, "t"); n != 0 {
+					t.Errorf("%d capture triggers left by the failed Start", n)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.stop(true) })
+			if got := r.collect(10, true); len(got) != 10 {
+				t.Errorf("%d snapshot records, want 10", len(got))
+			}
+			r.quiet()
+		})
 	}
 }

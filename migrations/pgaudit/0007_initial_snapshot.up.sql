@@ -7,9 +7,15 @@
 -- has waited for the writers in flight and holds new ones off until
 -- commit, and this statement's snapshot is taken after it. Every row is
 -- therefore either here or changed later under the triggers (with higher
--- ids), never both and never neither. Partitions and inheritance children
--- are read with their parent (no ONLY), as the parent's statements reach
--- them.
+-- ids), never both and never neither. A partitioned table is read with
+-- its partitions (no ONLY; tables with inheritance children or parents are
+-- refused at validation).
+-- Row security off: under FORCE ROW LEVEL SECURITY the owner would read
+-- only the rows the policies let through, and the others would be missing
+-- from the snapshot without a word. Off, such a table fails the copy (and
+-- the Start) instead; a superuser or a role with BYPASSRLS reads every row
+-- either way.
+SELECT pg_catalog.set_config('row_security', 'off', true);
 INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, after)
 SELECT pg_catalog.pg_current_xact_id(), {{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}}, 'r', pg_catalog.count(*),
        pg_catalog.array_send(pg_catalog.array_agg(g.r))
