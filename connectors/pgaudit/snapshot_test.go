@@ -349,3 +349,35 @@ func TestInitialSnapshotForcedRowSecurity(t *testing.T) {
 		})
 	}
 }
+
+// A copy longer than the role's statement_timeout fails the Start, naming
+// the snapshot and what to do; nothing stays installed.
+func TestInitialSnapshotStatementTimeout(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, repeat('x', 50) FROM generate_series(1, 1000000) g`)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", "-c statement_timeout=1s")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	cfg := baseConfig(testenv.Unique("snapto-"), u.String(), auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotInitial
+	r, err := tryStart(t, cfg, connect.NewMemoryLedger())
+	if err == nil {
+		_ = r.stop(true)
+		t.Fatal("Start succeeded although the copy takes longer than statement_timeout")
+	}
+	for _, want := range []string{"statement_timeout", KeySnapshotMode} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Start error lacks %q: %v", want, err)
+		}
+	}
+	if n := triggerCount(t, db, s, "t"); n != 0 {
+		t.Errorf("%d capture triggers left after the failed Start", n)
+	}
+}
