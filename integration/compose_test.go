@@ -324,8 +324,10 @@ func TestComposeTidyconnectService(t *testing.T) {
 	if restPort != "8083" {
 		t.Errorf("TIDYCONNECT_REST_ADDR = %q, want port 8083", env(s, "TIDYCONNECT_REST_ADDR"))
 	}
-	if !slices.ContainsFunc(s.HealthCheck.Test, func(a string) bool { return strings.Contains(a, ":"+restPort+"/") }) {
-		t.Errorf("healthcheck %v does not probe the REST port %s", s.HealthCheck.Test, restPort)
+	// GET /health (KIP-1017) is what TestHealthAndLogLevelsThroughTheBinary
+	// checks the binary answers.
+	if !slices.ContainsFunc(s.HealthCheck.Test, func(a string) bool { return strings.HasSuffix(a, ":"+restPort+"/health") }) {
+		t.Errorf("healthcheck %v does not probe GET /health on the REST port %s", s.HealthCheck.Test, restPort)
 	}
 	if dd := env(s, "TIDYCONNECT_DATA_DIR"); !hasVolumeAt(s, dd) {
 		t.Errorf("TIDYCONNECT_DATA_DIR = %q is not on a named volume", dd)
@@ -438,6 +440,11 @@ func readDemoSQL(t testing.TB) string {
 // and the go build command identical to the Makefile's build target.
 func TestDockerfile(t *testing.T) {
 	df := readLogicalLines(t, filepath.Join(repoRoot, "Dockerfile"))
+	if !slices.ContainsFunc(df, func(l string) bool {
+		return strings.HasPrefix(l, "HEALTHCHECK") && strings.Contains(l, "127.0.0.1:8083/health\"")
+	}) {
+		t.Error("the Dockerfile's HEALTHCHECK does not probe GET /health on port 8083")
+	}
 	var froms, users, exposes, builds []string
 	for _, l := range df {
 		instr, rest, _ := strings.Cut(l, " ")
