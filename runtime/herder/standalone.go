@@ -225,6 +225,9 @@ type conn struct {
 	// to zero) before it takes the lock again (interruptible).
 	approaching  int
 	approachDone chan struct{}
+	// topicsPending is set while a topicSeen save waits for the lock:
+	// topics first used meanwhile are saved by it, not each by its own.
+	topicsPending bool
 }
 
 func (c *conn) lock(ctx context.Context) error {
@@ -905,11 +908,32 @@ func (h *Standalone) startTaskLocked(ctx context.Context, c *conn, i int) {
 // goroutine the herder owns and under the connector's lock (so the write
 // cannot race a deletion's forget and bring its directory back). Before,
 // they were persisted only when tasks stopped or on GET topics, and a crash
-// lost them.
+// lost them. One save at a time waits for the lock: the topics first used
+// before it reads them (a burst, as when a sink is assigned many topics at
+// once) are saved by it, not each by a goroutine and a write of its own.
 func (h *Standalone) topicSeen(connector, _ string) {
-	h.inBackgroundLocked(connector, func(c *conn, _ uint64) bool {
-		h.saveTopics(h.bgCtx, c)
-		return false
+	h.mu.Lock()
+	c0 := h.conns[connector]
+	if c0 == nil || c0.topicsPending {
+		h.mu.Unlock()
+		return
+	}
+	c0.topicsPending = true
+	h.mu.Unlock()
+	h.inBackground(func() {
+		c, err := h.lookupLive(h.bgCtx, connector)
+		// Cleared before the topics are read: one first used from now on
+		// starts the next save.
+		h.mu.Lock()
+		c0.topicsPending = false
+		h.mu.Unlock()
+		if err != nil {
+			return
+		}
+		defer c.unlock()
+		if c == c0 {
+			h.saveTopics(h.bgCtx, c)
+		}
 	})
 }
 
@@ -1914,7 +1938,24 @@ func (h *Standalone) alterSinkOffsets(ctx context.Context, name string, offsets 
 // offsets were reset, resumed where the old one had stopped and never got
 // the records before. A real cluster persists both; there the offset
 // deletion is merely redundant.
+//
+// A group with members is left alone, as DeleteGroups leaves it
+// (NON_EMPTY_GROUP): OffsetDelete refuses only the topics the members
+// subscribe to, and would delete the others' offsets in an operation that
+// then fails.
 func (h *Standalone) dropSinkGroup(ctx context.Context, group string) error {
+	described, err := h.adm.DescribeGroups(ctx, group)
+	if err != nil && !isGroupGone(err) {
+		return fmt.Errorf("describing it: %w", err)
+	}
+	if d, ok := described[group]; ok {
+		switch {
+		case d.Err != nil && !isGroupGone(d.Err):
+			return fmt.Errorf("describing it: %w", d.Err)
+		case len(d.Members) > 0:
+			return fmt.Errorf("the group has %d active member(s) (state %s): a consumer still uses it (a member whose leave timed out stays until its session times out); nothing was deleted, retry once it is empty", len(d.Members), d.State)
+		}
+	}
 	offs, err := h.adm.FetchOffsets(ctx, group)
 	if isGroupGone(err) {
 		return nil

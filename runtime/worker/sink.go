@@ -7,6 +7,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +45,7 @@ type sinkLoop struct {
 	asyncErr error                // from Open in a callback: fails the task
 	gone     atomic.Bool          // finish gave up waiting for the close: callbacks leave the task alone
 	noFlush  bool                 // failed or finished: callbacks only Close
-	known    map[string]bool
+	active   activeTopics
 }
 
 // sinkSessionTimeout is the sink consumers' group session timeout
@@ -92,14 +93,30 @@ func (s *sinkLoop) warnTopicsNoLongerMatched(ctx context.Context) {
 	}
 	slices.Sort(missed)
 	t.log.Warn("topics.regex matches whole topic names (as in Kafka Connect) and no longer matches topics this connector consumed before (an earlier version matched the pattern anywhere in the name): their new records are not delivered; to keep consuming them, set topics.regex to the suggested pattern",
-		"topics.regex", t.set.topicsRegex, "topics", missed, "suggested", ".*(?:"+t.set.topicsRegex+").*")
+		"topics.regex", t.set.topicsRegex, "topics", missed, "suggested", suggestRegex(t.set.topicsRegex, missed, t.set.dlqTopic))
+}
+
+// suggestRegex is the topics.regex that keeps consuming the topics missed
+// as well as those re matches: re matched anywhere in the name, as earlier
+// versions did, unless that matches the dead letter queue topic (validation
+// refuses it: the sink would consume its own errant records); then re
+// plus the missed topics by name.
+func suggestRegex(re string, missed []string, dlq string) string {
+	broad := ".*(?:" + re + ").*"
+	if b, err := regexp.Compile(anchoredRegex(broad)); err == nil && (dlq == "" || !b.MatchString(dlq)) {
+		return broad
+	}
+	alt := []string{"(?:" + re + ")"}
+	for _, topic := range missed {
+		alt = append(alt, regexp.QuoteMeta(topic))
+	}
+	return strings.Join(alt, "|")
 }
 
 func (t *taskInstance) runSink(task connect.SinkTask) (final func(), err error) {
 	s := &sinkLoop{
 		t: t, task: task,
 		assigned: map[connect.TopicPartition]bool{}, committed: map[connect.TopicPartition]int64{}, taken: map[connect.TopicPartition]int64{},
-		known: map[string]bool{},
 	}
 	s.aware, _ = task.(connect.PartitionAware)
 	opts := []kgo.Opt{
@@ -248,10 +265,7 @@ func (s *sinkLoop) put() error {
 		return nil // a pause or stop arrived during the fetch: no Put now
 	}
 	for _, r := range s.pending {
-		if !s.known[r.Topic] {
-			s.known[r.Topic] = true
-			s.t.w.addTopic(s.t.id.Connector, r.Topic)
-		}
+		s.active.use(s.t.w, s.t.id.Connector, r.Topic)
 	}
 	// Given, even if Put is interrupted: a task may publish part of the
 	// batch and report it in Flush (the runtime puts the rest again).
@@ -399,10 +413,7 @@ func (s *sinkLoop) onAssigned(_ context.Context, _ *kgo.Client, m map[string][]i
 	}
 	for _, tp := range tps {
 		s.assigned[tp] = true
-		if !s.known[tp.Topic] {
-			s.known[tp.Topic] = true
-			s.t.w.addTopic(s.t.id.Connector, tp.Topic)
-		}
+		s.active.use(s.t.w, s.t.id.Connector, tp.Topic)
 	}
 	s.t.log.Info("partitions assigned", "partitions", len(tps))
 	if s.aware != nil && !s.noFlush {

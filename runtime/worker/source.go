@@ -38,6 +38,7 @@ type sourceLoop struct {
 	producer *kgo.Client
 	creator  *kafka.TopicCreator
 	known    map[string]bool // topics known to exist
+	active   activeTopics
 
 	mu    sync.Mutex
 	acked chan struct{} // capacity 1: "some callback ran"
@@ -274,8 +275,8 @@ func (s *sourceLoop) produce(recs []connect.SourceRecord) error {
 				return err
 			}
 			s.known[r.Topic] = true
-			t.w.addTopic(t.id.Connector, r.Topic)
 		}
+		s.active.use(t.w, t.id.Connector, r.Topic)
 		key, err := s.partitionKey(r.SourcePartition)
 		if err != nil {
 			return err

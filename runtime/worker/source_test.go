@@ -233,3 +233,27 @@ func TestTopicHandler(t *testing.T) {
 		t.Errorf("handler calls = %v, want %v", got(), want)
 	}
 }
+
+// TestTopicsComeBackAfterResetWhileRunning: Topics lists the topics used
+// since the last ResetTopics (KIP-558: a reset topic a running task keeps
+// using is active again), and the topic handler is told again, so the
+// herder persists it. A running task's cache of the topics it had used
+// hid them until the task restarted.
+func TestTopicsComeBackAfterResetWhileRunning(t *testing.T) {
+	var told atomic.Int32
+	e := newEnv(t, WithTopicHandler(func(string, string) { told.Add(1) }))
+	name, topic := testenv.Unique("src-"), testenv.Unique("src-topic-")
+	if _, err := e.startTask(sourceConfig(name, topic, sampleconn.KeyCount, "-1", sampleconn.KeyRate, "200"), 0); err != nil {
+		t.Fatal(err)
+	}
+	e.await("the topic used", func() bool { return slices.Equal(e.w.Topics(name), []string{topic}) })
+	e.w.ResetTopics(name)
+	n := len(e.rec.Committed(name))
+	e.await("20 more committed records", func() bool { return len(e.rec.Committed(name)) >= n+20 })
+	if got := e.w.Topics(name); !slices.Equal(got, []string{topic}) {
+		t.Errorf("Topics after a reset while the task kept producing to %s = %v, want [%s]", topic, got, topic)
+	}
+	if got := told.Load(); got != 2 {
+		t.Errorf("topic handler told %d times, want 2 (first use, and first use after the reset)", got)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -53,7 +54,10 @@ type Worker struct {
 	connectors map[string]*connInstance
 	tasks      map[TaskID]*taskInstance
 	topics     map[string]map[string]bool
-	wg         sync.WaitGroup // every task goroutine and connector stop
+	// topicResets counts ResetTopics calls: a task's cache of the topics
+	// it used (activeTopics) is dropped when it changes.
+	topicResets atomic.Uint64
+	wg          sync.WaitGroup // every task goroutine and connector stop
 }
 
 // Opt configures a Worker.
@@ -138,8 +142,9 @@ func WithAbandonedTaskHandler(f func(id TaskID)) Opt {
 // WithTopicHandler sets what is told that a connector's tasks used a topic
 // for the first time since they started on this worker (or since
 // ResetTopics), so the caller can persist the active topics at once rather
-// than lose them in a crash. It is called from the task's goroutine and must
-// not block.
+// than lose them in a crash. It is called from the task's goroutine, or a
+// sink's rebalance callback, holding the task's own lock: it must not block
+// (nor wait for the task).
 func WithTopicHandler(f func(connector, topic string)) Opt {
 	return func(w *Worker) { w.topicSeen = f }
 }
@@ -680,6 +685,26 @@ func (w *Worker) ResetTopics(connector string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.topics, connector)
+	w.topicResets.Add(1)
+}
+
+// activeTopics is a task's cache of the topics it told addTopic about, so
+// that a record of a known topic costs no lock. A ResetTopics (of any
+// connector) drops it: a reset topic the task keeps using is active again
+// (KIP-558), and the topic handler is told again.
+type activeTopics struct {
+	resets uint64
+	seen   map[string]bool
+}
+
+func (a *activeTopics) use(w *Worker, connector, topic string) {
+	if n := w.topicResets.Load(); a.seen == nil || n != a.resets {
+		a.seen, a.resets = map[string]bool{}, n
+	}
+	if !a.seen[topic] {
+		a.seen[topic] = true
+		w.addTopic(connector, topic)
+	}
 }
 
 // Close stops every instance with connectorDeleted == false, as on worker
