@@ -51,14 +51,14 @@ func TestConformance(t *testing.T) {
 					// Without rabbitmqctl a binding lives as long as both ends.
 					return b.queueExists(bd.queue) && b.exchangeExists(bd.exchange), nil
 				}
-				return hasBinding(t, "/", bd), nil
+				return hasBinding(t, vhostOf(t, u), bd), nil
 			case KindBindingOwner:
 				// No broker object: it stands for the bindings made with it.
 				if ctlErr != nil {
 					connector, _, _ := strings.Cut(r.Name, "#")
 					return b.exchangeExists(connector), nil
 				}
-				return strings.Contains(bindings(t, "/"), r.Name), nil
+				return strings.Contains(bindings(t, vhostOf(t, u)), r.Name), nil
 			}
 			return false, fmt.Errorf("unknown kind %q", r.Kind)
 		},
@@ -295,7 +295,7 @@ func TestLifecycleKeepsAndDeletes(t *testing.T) {
 		t.Errorf("ledger still lists %v", left)
 	}
 	if _, err := lookRabbitmqctl(); err == nil {
-		for _, line := range strings.Split(bindings(t, "/"), "\n") {
+		for _, line := range strings.Split(bindings(t, vhostOf(t, u)), "\n") {
 			f := strings.Split(line, "\t")
 			if len(f) >= 4 && (f[0] == name || strings.Contains(f[3], OwnerArg)) && strings.Contains(line, name) {
 				t.Errorf("a binding of the connector remains: %s", line)
@@ -702,7 +702,7 @@ func TestStopInterruptsWaitForConfirms(t *testing.T) {
 	q := name + ".slow"
 	cleanupByName(t, b, name, q)
 	s := startSink(t, cfg, connect.NewMemoryLedger(), &reporter{})
-	resume := suspendQueue(t, q)
+	resume := suspendQueue(t, u, q)
 
 	done := make(chan error, 1)
 	go func() {

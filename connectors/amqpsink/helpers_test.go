@@ -545,12 +545,22 @@ func lookRabbitmqctl() (string, error) {
 	return ctlPath, ctlErr
 }
 
-// suspendQueue suspends the process of classic queue q on vhost "/" (it
-// stops answering, as a stalled broker would) until the returned resume is
-// called, or the test ends.
-func suspendQueue(t testing.TB, q string) (resume func()) {
+// vhostOf is the vhost a RabbitMQ URL names ("/" for none).
+func vhostOf(t testing.TB, rawURL string) string {
 	t.Helper()
-	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, q)
+	u, err := amqp.ParseURI(rawURL)
+	if err != nil {
+		t.Fatalf("parsing the RabbitMQ URL: %v", err)
+	}
+	return u.Vhost
+}
+
+// suspendQueue suspends the process of classic queue q on the vhost of
+// rawURL (it stops answering, as a stalled broker would) until the returned
+// resume is called, or the test ends.
+func suspendQueue(t testing.TB, rawURL, q string) (resume func()) {
+	t.Helper()
+	queuePid := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), P = amqqueue:get_pid(Q)`, vhostOf(t, rawURL), q)
 	ctl(t, "eval", queuePid+", sys:suspend(P).")
 	resumed := false
 	resume = func() {

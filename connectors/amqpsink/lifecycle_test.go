@@ -29,7 +29,7 @@ func TestCleanupHonoursItsContext(t *testing.T) {
 	if err := s.task.Stopped(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	resume := suspendQueue(t, q)
+	resume := suspendQueue(t, u, q)
 
 	s.conn.Stop(true)
 	ctx, cancel := context.WithTimeout(connect.WithHost(context.Background(), testHost(name, -1, ledger, nil)), 2*time.Second)

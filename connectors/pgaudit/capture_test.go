@@ -94,7 +94,7 @@ func captureColumnTypes(t *testing.T, level string) {
 		if a := jsonOf(t, tt.after); !reflect.DeepEqual(anyMap(c.After), a) {
 			t.Errorf("change %d (%s): after\n got %v\nwant %v", i, tt.op, c.After, a)
 		}
-		if c.Topic != "tc."+s+".typed" || c.Source.Schema != s || c.Source.Table != "typed" || c.Source.Connector != r.name || c.Source.DB != "test" {
+		if c.Topic != "tc."+s+".typed" || c.Source.Schema != s || c.Source.Table != "typed" || c.Source.Connector != r.name || c.Source.DB != testDB(t, db) {
 			t.Errorf("change %d: topic %q source %+v", i, c.Topic, c.Source)
 		}
 		if c.Source.TxID == 0 || c.TsMS == 0 || c.Source.Seq <= lastSeq {

@@ -370,3 +370,14 @@ func oneTable(t testing.TB, prefix, columns string, set ...connect.Config) (db *
 	t.Cleanup(func() { _ = r.stop(true) })
 	return db, table, r
 }
+
+// testDB is the name of the database the tests run in (the one
+// TIDYCONNECT_TEST_POSTGRES_URL names).
+func testDB(t testing.TB, db *pgxpool.Pool) string {
+	t.Helper()
+	var name string
+	if err := db.QueryRow(testCtx(t), `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}

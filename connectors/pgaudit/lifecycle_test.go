@@ -431,8 +431,8 @@ func TestCapturedTableRenamed(t *testing.T) {
 	// again under it.
 	listed, _ := l.List(ctx)
 	for _, e := range triggerEvents {
-		if res := triggerRes("test", tableName{s, "c2"}, objectNames(cfg["name"]).trigger(e)); !slices.ContainsFunc(listed, func(x connect.Resource) bool {
-			return x.Kind == res.Kind && x.Name == res.Name && strings.HasSuffix(x.Location, res.Location[len("test"):])
+		if res := triggerRes(testDB(t, db), tableName{s, "c2"}, objectNames(cfg["name"]).trigger(e)); !slices.ContainsFunc(listed, func(x connect.Resource) bool {
+			return x.Kind == res.Kind && x.Name == res.Name && strings.HasSuffix(x.Location, res.Location[len(testDB(t, db)):])
 		}) {
 			t.Errorf("ledger %v does not list %v", listed, res)
 		}

@@ -514,10 +514,10 @@ func TestRowTriggerOfTheEarlierNameReplaced(t *testing.T) {
 	earlier := n.base + "_row"
 	for _, tb := range []string{"plain", "p"} {
 		mustExec(t, db, `ALTER TRIGGER `+pgx.Identifier{n.rowTrigger}.Sanitize()+` ON `+qualified(s, tb)+` RENAME TO `+pgx.Identifier{earlier}.Sanitize())
-		if err := l.Release(ctx, triggerRes("test", tableName{s, tb}, n.rowTrigger)); err != nil {
+		if err := l.Release(ctx, triggerRes(testDB(t, db), tableName{s, tb}, n.rowTrigger)); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Own(ctx, triggerRes("test", tableName{s, tb}, earlier)); err != nil {
+		if err := l.Own(ctx, triggerRes(testDB(t, db), tableName{s, tb}, earlier)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -625,10 +625,10 @@ func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
 	n := objectNames(cfg["name"])
 	earlier := n.base + "_row"
 	mustExec(t, db, `ALTER TRIGGER `+pgx.Identifier{n.rowTrigger}.Sanitize()+` ON `+p+` RENAME TO `+pgx.Identifier{earlier}.Sanitize())
-	if err := l.Release(ctx, triggerRes("test", tableName{s, "p"}, n.rowTrigger)); err != nil {
+	if err := l.Release(ctx, triggerRes(testDB(t, db), tableName{s, "p"}, n.rowTrigger)); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Own(ctx, triggerRes("test", tableName{s, "p"}, earlier)); err != nil {
+	if err := l.Own(ctx, triggerRes(testDB(t, db), tableName{s, "p"}, earlier)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -642,7 +642,7 @@ func TestRowTriggerRenamedWithoutTriggerOnPartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(rs, triggerRes("test", tableName{s, "p"}, n.rowTrigger)) || slices.Contains(rs, triggerRes("test", tableName{s, "p"}, earlier)) {
+	if !slices.Contains(rs, triggerRes(testDB(t, db), tableName{s, "p"}, n.rowTrigger)) || slices.Contains(rs, triggerRes(testDB(t, db), tableName{s, "p"}, earlier)) {
 		t.Errorf("ledger %v", rs)
 	}
 	mustExec(t, db, `INSERT INTO `+p+` VALUES (1)`)

@@ -264,7 +264,7 @@ func TestPartitionedTableReconfigured(t *testing.T) {
 		}
 	}
 	slices.Sort(trig)
-	wantLedger := []string{`test/"` + s + `"."plain" !<base>_row`, `test/"` + s + `"."plain" <base>_trunc`}
+	wantLedger := []string{testDB(t, db) + `/"` + s + `"."plain" !<base>_row`, testDB(t, db) + `/"` + s + `"."plain" <base>_trunc`}
 	if !slices.Equal(trig, wantLedger) {
 		t.Errorf("ledger triggers %v, want %v", trig, wantLedger)
 	}
