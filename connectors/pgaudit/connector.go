@@ -1117,6 +1117,10 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 			// (0007_initial_snapshot.up.sql): a table whose policies apply
 			// to its owner fails it rather than lose rows.
 			var pgErr *pgconn.PgError
+			if ctx.Err() != nil && len(snapshots) > 0 {
+				return fmt.Errorf("provisioning the audit objects of connector %q: the Start was cancelled (a REST client that stopped waiting, or a stop) while the initial snapshot (%s=%s) copied %d table(s); everything was rolled back: restart the connector, and let the request wait for the copy: %w",
+					s.name, KeySnapshotMode, snapshotInitial, len(snapshots), err)
+			}
 			if errors.As(err, &pgErr) && pgErr.Code == "57014" && len(snapshots) > 0 && strings.Contains(pgErr.Message, "statement timeout") {
 				return fmt.Errorf("provisioning the audit objects of connector %q: %w; the initial snapshot (%s=%s) of %d table(s) copies their rows in this transaction and took longer than the role's statement_timeout: raise it for the connector's role (ALTER ROLE ... SET statement_timeout), or set %s=%s",
 					s.name, err, KeySnapshotMode, snapshotInitial, len(snapshots), KeySnapshotMode, snapshotNever)

@@ -381,3 +381,48 @@ func TestInitialSnapshotStatementTimeout(t *testing.T) {
 		t.Errorf("%d capture triggers left after the failed Start", n)
 	}
 }
+
+// A Start cancelled while the snapshot copies (a REST client that stopped
+// waiting) says so, instead of a bare "context canceled", and leaves
+// nothing installed.
+func TestInitialSnapshotCancelledStart(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, repeat('x', 50) FROM generate_series(1, 1000000) g`)
+	cfg := baseConfig(testenv.Unique("snapcancel-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotInitial
+	name := cfg["name"]
+	l := connect.NewMemoryLedger()
+	ctx, cancel := context.WithCancel(connect.WithHost(testCtx(t), testHost(name, -1, l)))
+	defer cancel()
+	// Cancelled once the triggers' lock is granted: the copy, about 2 s,
+	// follows it in the same script.
+	go func() {
+		for ctx.Err() == nil {
+			var n int
+			_ = db.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'ShareRowExclusiveLock' AND granted`, table).Scan(&n)
+			if n > 0 {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	c := &Connector{}
+	err := c.Start(ctx, cfg)
+	c.Stop(false)
+	_ = c.Stopped(connect.WithHost(testCtx(t), testHost(name, -1, l)))
+	if err == nil {
+		t.Fatal("Start succeeded although it was cancelled during the copy")
+	}
+	for _, want := range []string{"cancelled", KeySnapshotMode, "restart"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Start error lacks %q: %v", want, err)
+		}
+	}
+	if n := triggerCount(t, db, s, "t"); n != 0 {
+		t.Errorf("%d capture triggers left after the cancelled Start", n)
+	}
+}
