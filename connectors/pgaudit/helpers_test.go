@@ -207,21 +207,36 @@ func (r *running) collect(want int, commit bool) []change {
 		if time.Now().After(deadline) {
 			r.t.Fatalf("collected %d of %d changes before the deadline", len(out), want)
 		}
-		for _, task := range r.tasks {
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			recs, err := task.Poll(ctx)
-			ended := ctx.Err() != nil // not after cancel: that ends it always
-			cancel()
-			if err != nil && !ended {
-				r.t.Fatalf("Poll: %v", err)
-			}
-			for _, rec := range recs {
-				out = append(out, decode(r.t, rec))
-			}
-			if commit && len(recs) > 0 {
-				if err := task.Commit(context.Background(), recs); err != nil {
-					r.t.Fatalf("Commit: %v", err)
-				}
+		out = append(out, r.pollAll(commit)...)
+	}
+	return out
+}
+
+// drain polls every task once, committing what it got.
+func (r *running) drain() []change {
+	r.t.Helper()
+	return r.pollAll(true)
+}
+
+// pollAll polls every task once (for up to 300 ms each), committing what
+// it got if commit says so.
+func (r *running) pollAll(commit bool) []change {
+	r.t.Helper()
+	var out []change
+	for _, task := range r.tasks {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		recs, err := task.Poll(ctx)
+		ended := ctx.Err() != nil // not after cancel: that ends it always
+		cancel()
+		if err != nil && !ended {
+			r.t.Fatalf("Poll: %v", err)
+		}
+		for _, rec := range recs {
+			out = append(out, decode(r.t, rec))
+		}
+		if commit && len(recs) > 0 {
+			if err := task.Commit(context.Background(), recs); err != nil {
+				r.t.Fatalf("Commit: %v", err)
 			}
 		}
 	}

@@ -246,30 +246,6 @@ func snapshotUnderWrites(t *testing.T, isolation string) {
 	t.Logf("%d records, %d of them the snapshot", len(got), snapshot)
 }
 
-// drain polls every task once, committing what it got.
-func (r *running) drain() []change {
-	r.t.Helper()
-	var out []change
-	for _, task := range r.tasks {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		recs, err := task.Poll(ctx)
-		ended := ctx.Err() != nil
-		cancel()
-		if err != nil && !ended {
-			r.t.Fatalf("Poll: %v", err)
-		}
-		for _, rec := range recs {
-			out = append(out, decode(r.t, rec))
-		}
-		if len(recs) > 0 {
-			if err := task.Commit(context.Background(), recs); err != nil {
-				r.t.Fatalf("Commit: %v", err)
-			}
-		}
-	}
-	return out
-}
-
 func TestSnapshotModeValidation(t *testing.T) {
 	for _, tc := range []struct {
 		value string

@@ -62,7 +62,14 @@ func (s *strictConn) Stopped(ctx context.Context) error {
 // plugins and extra ones. closeSync closes both, reporting failures.
 func openSync(t *testing.T, dir string, extra ...connect.Plugin) (h *Standalone, st *store.File, closeSync func()) {
 	t.Helper()
-	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), extra...)...)
+	return openSyncWith(t, context.Background(), dir, sampleconn.NewRecorder(), nil, extra...)
+}
+
+// openSyncWith is openSync with the herder's context, the sample plugins'
+// recorder and more options (test hooks).
+func openSyncWith(t *testing.T, ctx context.Context, dir string, rec *sampleconn.Recorder, opts []Option, extra ...connect.Plugin) (h *Standalone, st *store.File, closeSync func()) {
+	t.Helper()
+	reg, err := plugins.New(append(sampleconn.Plugins(rec), extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,8 +77,8 @@ func openSync(t *testing.T, dir string, extra ...connect.Plugin) (h *Standalone,
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err = NewStandalone(context.Background(), WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)),
-		WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
+	h, err = NewStandalone(ctx, append([]Option{WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)),
+		WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil })}, opts...)...)
 	if err != nil {
 		st.Close()
 		t.Fatal(err)
@@ -91,6 +98,31 @@ func openSync(t *testing.T, dir string, extra ...connect.Plugin) (h *Standalone,
 	}
 	t.Cleanup(closeSync)
 	return h, st, closeSync
+}
+
+// bootBlocked creates connector "x" of class slow (tasks.max 1) in a
+// herder on a fresh directory, closes it, makes every later Start of x
+// wait for gate, and opens the herder again with opts: when it returns,
+// that herder's start of x at boot has begun and blocks. Everything is
+// closed when the test ends.
+func bootBlocked(t *testing.T, ctx context.Context, rec *sampleconn.Recorder, slow *slowStarts, gate chan struct{}, opts ...Option) *Standalone {
+	t.Helper()
+	dir := t.TempDir()
+	h, _, closeFirst := openSyncWith(t, ctx, dir, rec, opts, slow.plugin())
+	if _, err := h.CreateConnector(ctx, "x", connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	closeFirst()
+	slow.mu.Lock()
+	slow.gate = gate
+	slow.mu.Unlock()
+	h, _, _ = openSyncWith(t, ctx, dir, rec, opts, slow.plugin())
+	select {
+	case <-slow.entered:
+	case <-ctx.Done():
+		t.Fatal("the start of x at boot never began")
+	}
+	return h
 }
 
 // slowStarts is the connector class "slow", whose Start waits for a gate

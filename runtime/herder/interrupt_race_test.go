@@ -11,9 +11,7 @@ import (
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
-	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
-	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
@@ -99,56 +97,15 @@ func TestYieldedStartWaitsForTheInterruptingOperation(t *testing.T) {
 					yieldOnce.Do(func() { close(yieldWait) })
 				}
 			})
-			reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), slow.plugin())...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dir := t.TempDir()
-			open := func() (*Standalone, *store.File) {
-				st, err := store.OpenFile(dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				h, err := NewStandalone(ctx, WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)), hook,
-					WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					defer cancel()
-					_ = h.Close(cctx)
-					_ = st.Close()
-				})
-				return h, st
-			}
-			h, st := open()
-			cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
-			if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
-				t.Fatal(err)
-			}
-			if err := h.Close(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := st.Close(); err != nil {
-				t.Fatal(err)
-			}
 			// The start at boot blocks (an unreachable system) until its ctx
 			// ends; so does the next one, the resumed start.
 			gate := make(chan struct{})
 			var gateOnce sync.Once
-			slow.mu.Lock()
-			slow.gate = gate
-			slow.mu.Unlock()
-			h, _ = open()
+			h := bootBlocked(t, ctx, sampleconn.NewRecorder(), slow, gate, hook)
 			t.Cleanup(releaseResume)
 			t.Cleanup(releaseOp)
 			t.Cleanup(func() { gateOnce.Do(func() { close(gate) }) })
-			select {
-			case <-slow.entered:
-			case <-ctx.Done():
-				t.Fatal("the start of x at boot never began")
-			}
+			cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
 			slow.mu.Lock()
 			slow.gate, slow.entered, slow.interrupted = gate, make(chan struct{}), make(chan struct{})
 			slow.mu.Unlock()

@@ -6,14 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
-	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
-	"github.com/tidyconnect/tidyconnect/runtime/plugins"
-	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
@@ -96,55 +92,13 @@ func TestYieldedStartDoesNotRunOnAConnectorCreatedAnew(t *testing.T) {
 			wait(first, proceedYield)
 		}
 	})
-	reg, err := plugins.New(append(sampleconn.Plugins(rec), slow.plugin())...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	open := func() (*Standalone, func()) {
-		st, err := store.OpenFile(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := NewStandalone(ctx, WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)), hook,
-			WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var once sync.Once
-		closeFn := func() {
-			once.Do(func() {
-				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if err := h.Close(cctx); err != nil {
-					t.Errorf("Close: %v", err)
-				}
-				_ = st.Close()
-			})
-		}
-		t.Cleanup(closeFn)
-		return h, closeFn
-	}
-	h, closeFn := open()
-	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
-	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
-		t.Fatal(err)
-	}
-	closeFn()
 	gate := make(chan struct{})
-	slow.mu.Lock()
-	slow.gate = gate
-	slow.mu.Unlock()
-	h, closeFn = open()
+	h := bootBlocked(t, ctx, rec, slow, gate, hook)
 	t.Cleanup(releaseResume)
 	t.Cleanup(releaseOp)
 	t.Cleanup(releaseYield)
 	t.Cleanup(func() { close(gate) })
-	select {
-	case <-slow.entered:
-	case <-ctx.Done():
-		t.Fatal("the start of x at boot never began")
-	}
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
 	changed := cfg.Clone()
 	changed["slow.validate"] = "once"
 	var ce *ConfigError

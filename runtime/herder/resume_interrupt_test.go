@@ -9,9 +9,6 @@ import (
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
-	"github.com/tidyconnect/tidyconnect/runtime/internal/syncworker"
-	"github.com/tidyconnect/tidyconnect/runtime/plugins"
-	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
@@ -40,59 +37,18 @@ func TestResumedStartYieldsToAnInterruptingOperation(t *testing.T) {
 			}
 		}
 	})
-	reg, err := plugins.New(append(sampleconn.Plugins(sampleconn.NewRecorder()), slow.plugin())...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	open := func() (*Standalone, *store.File) {
-		st, err := store.OpenFile(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := NewStandalone(ctx, WithStore(st), WithPlugins(reg), WithLogger(testLogger(t)), hook,
-			WithWorker(func(l worker.StatusListener) (Worker, error) { return syncworker.New(reg, l), nil }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_ = h.Close(cctx)
-			_ = st.Close()
-		})
-		return h, st
-	}
-	h, st := open()
-	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
-	if _, err := h.CreateConnector(ctx, "x", cfg, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Close(); err != nil {
-		t.Fatal(err)
-	}
 	// Every later Start blocks (the system is unreachable) until its ctx ends.
-	slow.mu.Lock()
-	slow.gate = gate
-	slow.mu.Unlock()
-	// Registered after the herder's cleanup, so it runs first.
-	h, _ = open()
+	h := bootBlocked(t, ctx, sampleconn.NewRecorder(), slow, gate, hook)
+	// Registered after the herder's cleanup, so they run first.
 	t.Cleanup(release)
 	t.Cleanup(func() { gateOnce.Do(func() { close(gate) }) })
-	select {
-	case <-slow.entered:
-	case <-ctx.Done():
-		t.Fatal("the start of x at boot never began")
-	}
+	cfg := connect.Config{KeyConnectorClass: "slow", KeyTasksMax: "1"}
 	slow.mu.Lock()
 	slow.gate, slow.entered, slow.interrupted = gate, make(chan struct{}), make(chan struct{})
 	slow.mu.Unlock()
 	changed := cfg.Clone()
 	changed["slow.validate"] = "once"
-	_, _, err = h.PutConnectorConfig(ctx, "x", changed)
+	_, _, err := h.PutConnectorConfig(ctx, "x", changed)
 	var ce *ConfigError
 	if !errors.As(err, &ce) {
 		t.Fatalf("PUT refused on the second look: %v, want a ConfigError", err)

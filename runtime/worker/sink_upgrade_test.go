@@ -31,23 +31,7 @@ func TestTopicsRegexWarnsAboutTopicsNoLongerMatched(t *testing.T) {
 	produce(t, e.brokers, prefix+"-a", 2, func(i int) string { return fmt.Sprint("a", i) })
 
 	// What the earlier version left: the group consumed both topics.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var offs kadm.Offsets
-	offs.Add(kadm.Offset{Topic: prefix + "-ab", Partition: 0, At: 1, LeaderEpoch: -1})
-	offs.Add(kadm.Offset{Topic: prefix + "-a", Partition: 0, At: 1, LeaderEpoch: -1})
-	resp, err := kadm.NewClient(cl).CommitOffsets(ctx, groupID(name), offs)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("committing the earlier version's offsets: %v", err)
-	}
+	commitAsEarlierVersion(t, e.brokers, groupID(name), prefix+"-ab", prefix+"-a")
 
 	cfg := sinkConfig(name, "")
 	delete(cfg, KeyTopics)
@@ -80,22 +64,7 @@ func TestTopicsRegexWarningSuggestsAValidPattern(t *testing.T) {
 	name, prefix := testenv.Unique("rxdlq-"), testenv.Unique("rxd")
 	produce(t, e.brokers, prefix+"-ab", 2, func(i int) string { return fmt.Sprint("ab", i) })
 	produce(t, e.brokers, prefix+"-a", 2, func(i int) string { return fmt.Sprint("a", i) })
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var offs kadm.Offsets
-	offs.Add(kadm.Offset{Topic: prefix + "-ab", Partition: 0, At: 1, LeaderEpoch: -1})
-	resp, err := kadm.NewClient(cl).CommitOffsets(ctx, groupID(name), offs)
-	if err == nil {
-		err = resp.Error()
-	}
-	if err != nil {
-		t.Fatalf("committing the earlier version's offsets: %v", err)
-	}
+	commitAsEarlierVersion(t, e.brokers, groupID(name), prefix+"-ab")
 
 	cfg := sinkConfig(name, "", KeyErrorsTolerance, "all", KeyDLQTopic, prefix+"-a-dlq")
 	delete(cfg, KeyTopics)
@@ -132,5 +101,29 @@ func TestTopicsRegexWarningSuggestsAValidPattern(t *testing.T) {
 		if !re.MatchString(topic) {
 			t.Errorf("the suggested topics.regex %q does not match %s", warning.Suggested, topic)
 		}
+	}
+}
+
+// commitAsEarlierVersion commits offset 1 of partition 0 of each topic for
+// group, as a sink of an earlier version that consumed them left it.
+func commitAsEarlierVersion(t *testing.T, brokers []string, group string, topics ...string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var offs kadm.Offsets
+	for _, topic := range topics {
+		offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 1, LeaderEpoch: -1})
+	}
+	resp, err := kadm.NewClient(cl).CommitOffsets(ctx, group, offs)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("committing the earlier version's offsets: %v", err)
 	}
 }
