@@ -117,6 +117,12 @@ func validRegex(v string) error {
 	if _, err := regexp.Compile(v); err != nil {
 		return fmt.Errorf("not a valid regular expression: %w", err)
 	}
+	// The runtime matches whole names with anchoredRegex: a pattern valid
+	// alone but not wrapped (an unterminated \Q quotes the wrapper's ")$")
+	// would fail the tasks at start and skip the dead letter queue check.
+	if _, err := regexp.Compile(anchoredRegex(strings.TrimSpace(v))); err != nil {
+		return fmt.Errorf("not usable as a pattern of whole topic names (close a \\Q quote with \\E): %w", err)
+	}
 	return nil
 }
 

@@ -29,6 +29,11 @@ func TestValidateCommon(t *testing.T) {
 		{"sink without topics", connect.TypeSink, base(), []string{KeyTopics, KeyTopicsRegex}},
 		{"sink with both", connect.TypeSink, base(KeyTopics, "a", KeyTopicsRegex, "a.*"), []string{KeyTopics, KeyTopicsRegex}},
 		{"bad regex", connect.TypeSink, base(KeyTopicsRegex, "a("), []string{KeyTopicsRegex}},
+		// Valid alone, but an unterminated \Q quotes the ")$" the runtime
+		// anchors it with: the task failed at start (invalid regular
+		// expression) and the dead letter queue check was skipped.
+		{"regex unusable anchored", connect.TypeSink, base(KeyTopicsRegex, `\Qorders`), []string{KeyTopicsRegex}},
+		{"regex quoted and closed", connect.TypeSink, base(KeyTopicsRegex, `\Qorders.v1\E`), nil},
 		{"bad topic name", connect.TypeSink, base(KeyTopics, "ok,not ok"), []string{KeyTopics}},
 		{"missing name and class", connect.TypeSource, connect.Config{}, []string{KeyName, KeyConnectorClass}},
 		{"every bad field named", connect.TypeSink, base(KeyTopics, "a", KeyTasksMax, "0", KeyErrorsTolerance, "some",
