@@ -545,8 +545,8 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 		}
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 	}()
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
-		return fmt.Errorf("provisioning: taking the advisory lock: %w", err)
+	if err := takeLock(ctx, tx); err != nil {
+		return fmt.Errorf("provisioning: %w", err)
 	}
 	// Under the lock: another instance of the connector that provisioned
 	// meanwhile has recorded (or released) its entries by now.
@@ -1743,8 +1743,8 @@ func dropOwned(ctx context.Context, conn *pgx.Conn, connector string, h *connect
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '10s', true), pg_advisory_xact_lock($1)`, lockKey); err != nil {
-		return fmt.Errorf("taking the advisory lock: %w", err)
+	if err := takeLock(ctx, tx); err != nil {
+		return err
 	}
 	var db string
 	if err := tx.QueryRow(ctx, `SELECT current_database()::text`).Scan(&db); err != nil {

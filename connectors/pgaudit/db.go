@@ -119,6 +119,26 @@ func transient(err error) bool {
 // check-then-create schemas and triggers, which must not interleave.
 const lockKey int64 = 0x7469_6479_7067_6175 // "tidypgau"
 
+// takeLock takes lockKey for tx, then sets the transaction's lock_timeout
+// to 10 s for the table locks that follow. The advisory lock itself is
+// waited for without a timeout (only ctx ends the wait): its holder is
+// another pgaudit provisioning or cleanup, whose own waits are bounded,
+// but whose initial snapshot (docs/decisions/0070) copies for as long as
+// its tables take, and another connector's Start or deletion must not fail
+// on a lock timeout meanwhile (TestInitialSnapshotLongCopyOtherStart).
+func takeLock(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '0', true)`); err != nil {
+		return fmt.Errorf("taking the advisory lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		return fmt.Errorf("taking the advisory lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '10s', true)`); err != nil {
+		return fmt.Errorf("setting lock_timeout: %w", err)
+	}
+	return nil
+}
+
 // commitOrderLockKey is the advisory lock every capturing commit takes
 // under capture.order = commit: one key for every connector of a database,
 // so transactions that write the tables of several connectors cannot

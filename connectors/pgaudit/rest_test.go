@@ -48,6 +48,8 @@ func TestREST(t *testing.T) {
 		{"unknown capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "random" }},
 		{"blank capture order", s + ".orders", pwURL, KeyCaptureOrder, func(c connect.Config) { c[KeyCaptureOrder] = "" }},
 		{"unknown capture level", s + ".orders", pwURL, KeyCaptureLevel, func(c connect.Config) { c[KeyCaptureLevel] = "column" }},
+		{"unknown snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "always" }},
+		{"blank snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)

@@ -401,4 +401,77 @@ func TestInitialSnapshotCancelledStart(t *testing.T) {
 	if n := triggerCount(t, db, s, "t"); n != 0 {
 		t.Errorf("%d capture triggers left after the cancelled Start", n)
 	}
+	if rs, err := l.List(testCtx(t)); err != nil || len(rs) != 0 {
+		t.Errorf("ledger lists %v (%v) after the cancelled Start", rs, err)
+	}
+	// The next Start copies again, every row.
+	r := startConnector(t, cfg, l)
+	t.Cleanup(func() { _ = r.stop(true) })
+	var copied int64
+	if err := db.QueryRow(testCtx(t), `SELECT coalesce(sum(changes), 0) FROM `+qualified(cfg[KeyAuditSchema], objectNames(name).table)+` WHERE op = 'r'`).Scan(&copied); err != nil {
+		t.Fatal(err)
+	}
+	if copied != 1000000 {
+		t.Errorf("the Start after the cancelled one copied %d rows, want 1000000", copied)
+	}
+}
+
+// A connector whose initial snapshot copies for longer than provisioning's
+// 10 s lock_timeout holds pgaudit's advisory lock all that time: another
+// pgaudit connector of the database started meanwhile (here one capturing a
+// small table, snapshot.mode=never) waits for it and then starts, rather
+// than fail on the advisory lock with "lock timeout".
+func TestInitialSnapshotLongCopyOtherStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("copies for more than 10 s")
+	}
+	db, url := admin(t)
+	s := newSchema(t, db)
+	big := qualified(s, "big")
+	// Many narrow columns: cheap to insert, dear to copy (record_send per
+	// column), so the copy passes 10 s with a table built in a few.
+	var cols, vals strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&cols, ", c%d int", i)
+		vals.WriteString(", g")
+	}
+	mustExec(t, db, `CREATE UNLOGGED TABLE `+big+` (id int`+cols.String()+`)`)
+	mustExec(t, db, `INSERT INTO `+big+` SELECT g`+vals.String()+` FROM generate_series(1, 2500000) g`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "small")+` (id int PRIMARY KEY)`)
+	audit := auditSchemaFor(t, db)
+
+	cfgA := baseConfig(testenv.Unique("snaplongA-"), url, audit, s+".big")
+	cfgA[KeySnapshotMode] = snapshotInitial
+	la := connect.NewMemoryLedger()
+	type result struct {
+		r   *running
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := tryStart(t, cfgA, la)
+		done <- result{r, err}
+	}()
+	// A is copying once its triggers' lock is granted.
+	await(t, 30*time.Second, func() (bool, string, error) {
+		var n int
+		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'ShareRowExclusiveLock' AND granted`, big).Scan(&n)
+		return n > 0, "connector A never locked the big table", err
+	})
+
+	cfgB := baseConfig(testenv.Unique("snaplongB-"), url, audit, s+".small")
+	rb, errB := tryStart(t, cfgB, connect.NewMemoryLedger())
+	resA := <-done
+	if resA.err != nil {
+		t.Fatalf("connector A: %v", resA.err)
+	}
+	t.Cleanup(func() { _ = resA.r.stop(true) })
+	if errB != nil {
+		t.Fatalf("connector B, started while A copied: %v", errB)
+	}
+	t.Cleanup(func() { _ = rb.stop(true) })
+	mustExec(t, db, `INSERT INTO `+qualified(s, "small")+` VALUES (1)`)
+	if c := rb.collect(1, true)[0]; c.Op != "c" || c.Source.Table != "small" {
+		t.Errorf("connector B: %s of %s", c.Op, c.Source.Table)
+	}
 }
