@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -27,36 +26,7 @@ func TestInitialSnapshotTwoConnectorsOneTable(t *testing.T) {
 	const rows = 2000
 	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
 
-	ctx, stopWriters := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var writeErr error
-	for w := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 11))
-			next := rows + 1 + w*1_000_000
-			for ctx.Err() == nil {
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 7:
-					_, err = db.Exec(context.Background(), `UPDATE `+table+` SET n = n + 1 WHERE id = $1`, 1+rng.IntN(rows))
-				case k < 9:
-					_, err = db.Exec(context.Background(), `INSERT INTO `+table+` VALUES ($1, 0)`, next)
-					next++
-				default:
-					_, err = db.Exec(context.Background(), `DELETE FROM `+table+` WHERE id = $1`, 1+rng.IntN(rows))
-				}
-				if err != nil {
-					mu.Lock()
-					writeErr = err
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
+	stopWriters := counterWriters(t, db, 3, 11, rows, table)
 	audit := auditSchemaFor(t, db)
 	var rs [2]*running
 	var errs [2]error
@@ -75,7 +45,6 @@ func TestInitialSnapshotTwoConnectorsOneTable(t *testing.T) {
 	for i, r := range rs {
 		if errs[i] != nil {
 			stopWriters()
-			wg.Wait()
 			t.Fatalf("connector %d: %v", i, errs[i])
 		}
 		t.Cleanup(func() { _ = r.stop(true) })
@@ -87,10 +56,6 @@ func TestInitialSnapshotTwoConnectorsOneTable(t *testing.T) {
 		}
 	}
 	stopWriters()
-	wg.Wait()
-	if writeErr != nil {
-		t.Fatalf("writer: %v", writeErr)
-	}
 	for i, r := range rs {
 		for more := r.drain(); len(more) > 0; more = r.drain() {
 			got[i] = append(got[i], more...)
@@ -244,38 +209,11 @@ func TestInitialSnapshotReconfigureTasks(t *testing.T) {
 		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int PRIMARY KEY, n int NOT NULL)`)
 		mustExec(t, db, `INSERT INTO `+qualified(s, n)+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
 	}
-	ctx, stopWriters := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var writeErr error
-	for w := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 13))
-			next := rows + 1 + w*1_000_000
-			for ctx.Err() == nil {
-				table := qualified(s, names[rng.IntN(len(names))])
-				var err error
-				switch k := rng.IntN(10); {
-				case k < 7:
-					_, err = db.Exec(context.Background(), `UPDATE `+table+` SET n = n + 1 WHERE id = $1`, 1+rng.IntN(rows))
-				case k < 9:
-					_, err = db.Exec(context.Background(), `INSERT INTO `+table+` VALUES ($1, 0)`, next)
-					next++
-				default:
-					_, err = db.Exec(context.Background(), `DELETE FROM `+table+` WHERE id = $1`, 1+rng.IntN(rows))
-				}
-				if err != nil {
-					mu.Lock()
-					writeErr = err
-					mu.Unlock()
-					return
-				}
-			}
-		}()
+	qualifiedNames := make([]string, len(names))
+	for i, n := range names {
+		qualifiedNames[i] = qualified(s, n)
 	}
-	defer func() { stopWriters(); wg.Wait() }()
+	stopWriters := counterWriters(t, db, 4, 13, rows, qualifiedNames...)
 	cfg := baseConfig(testenv.Unique("snaprecfg-"), url, auditSchemaFor(t, db), s+".a", s+".b")
 	cfg[KeySnapshotMode] = snapshotInitial
 	cfg[KeyTasksMax] = "2"
@@ -297,10 +235,6 @@ func TestInitialSnapshotReconfigureTasks(t *testing.T) {
 		got = append(got, r.drain()...)
 	}
 	stopWriters()
-	wg.Wait()
-	if writeErr != nil {
-		t.Fatalf("writer: %v", writeErr)
-	}
 	for more := r.drain(); len(more) > 0; more = r.drain() {
 		got = append(got, more...)
 	}

@@ -2,7 +2,6 @@ package pgaudit
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	neturl "net/url"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -142,17 +142,49 @@ func snapshotUnderWrites(t *testing.T, isolation string) {
 	const rows = 2000
 	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
 
-	ctx, stopWriters := context.WithCancel(context.Background())
+	stopWriters := counterWriters(t, db, 3, 7, rows, table)
+	cfg := baseConfig(testenv.Unique("snapw-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotInitial
+	cfg[KeyPollMaxRecords] = "1000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	// Keep writing after the Start, then stop.
+	deadline := time.Now().Add(2 * time.Second)
+	var got []change
+	for time.Now().Before(deadline) {
+		got = append(got, r.drain()...)
+	}
+	stopWriters()
+	for {
+		more := r.drain()
+		if len(more) == 0 {
+			break
+		}
+		got = append(got, more...)
+	}
+
+	replayMatches(t, db, table, got)
+	t.Logf("%d records", len(got))
+}
+
+// counterWriters starts n writers that, until the returned stop, update
+// the counter n of random rows 1..rows (+1), insert rows with new ids and
+// delete random rows, in the given tables. stop waits for them and fails
+// the test on a writer's error.
+func counterWriters(t *testing.T, db *pgxpool.Pool, n int, seed uint64, rows int, tables ...string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	var writeErr error
 	var mu sync.Mutex
-	for w := range 3 {
+	var writeErr error
+	for w := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
 			next := rows + 1 + w*1_000_000
 			for ctx.Err() == nil {
+				table := tables[rng.IntN(len(tables))]
 				var err error
 				switch k := rng.IntN(10); {
 				case k < 7:
@@ -172,78 +204,20 @@ func snapshotUnderWrites(t *testing.T, isolation string) {
 			}
 		}()
 	}
-	cfg := baseConfig(testenv.Unique("snapw-"), url, auditSchemaFor(t, db), s+".t")
-	cfg[KeySnapshotMode] = snapshotInitial
-	cfg[KeyPollMaxRecords] = "1000"
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	t.Cleanup(func() { _ = r.stop(true) })
-	// Keep writing after the Start, then stop.
-	deadline := time.Now().Add(2 * time.Second)
-	var got []change
-	for time.Now().Before(deadline) {
-		got = append(got, r.drain()...)
-	}
-	stopWriters()
-	wg.Wait()
-	if writeErr != nil {
-		t.Fatalf("writer: %v", writeErr)
-	}
-	for {
-		more := r.drain()
-		if len(more) == 0 {
-			break
-		}
-		got = append(got, more...)
-	}
-
-	state := map[string]int64{}
-	snapshot := 0
-	for i, c := range got {
-		key := fmt.Sprint(c.Key["id"])
-		switch c.Op {
-		case "r", "c", "u":
-			if c.Op == "r" {
-				snapshot++
-			}
-			n, _ := c.After["n"].(json.Number).Int64()
-			if old, ok := state[key]; ok && n < old {
-				t.Fatalf("record %d (%s) of row %s says n=%d after n=%d", i, c.Op, key, n, old)
-			}
-			state[key] = n
-		case "d":
-			delete(state, key)
-		default:
-			t.Fatalf("record %d: op %s", i, c.Op)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if writeErr != nil {
+			t.Fatalf("writer: %v", writeErr)
 		}
 	}
-	if snapshot == 0 {
-		t.Fatal("no snapshot record")
-	}
-	want := map[string]int64{}
-	dbRows, err := db.Query(context.Background(), `SELECT id::text, n FROM `+table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for dbRows.Next() {
-		var id string
-		var n int64
-		if err := dbRows.Scan(&id, &n); err != nil {
-			t.Fatal(err)
-		}
-		want[id] = n
-	}
-	if dbRows.Err() != nil {
-		t.Fatal(dbRows.Err())
-	}
-	if len(want) != len(state) {
-		t.Errorf("replayed %d rows, the table holds %d", len(state), len(want))
-	}
-	for id, n := range want {
-		if got, ok := state[id]; !ok || got != n {
-			t.Errorf("row %s: replayed n=%d (present %v), table n=%d", id, got, ok, n)
-		}
-	}
-	t.Logf("%d records, %d of them the snapshot", len(got), snapshot)
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return stop
 }
 
 func TestSnapshotModeValidation(t *testing.T) {
