@@ -126,14 +126,18 @@ const lockKey int64 = 0x7469_6479_7067_6175 // "tidypgau"
 // but whose initial snapshot (docs/decisions/0070) copies for as long as
 // its tables take, and another connector's Start or deletion must not fail
 // on a lock timeout meanwhile (TestInitialSnapshotLongCopyOtherStart).
+//
+// A statement_timeout of the role or database would cut that wait short
+// the same way: it is off for the wait and set back afterwards.
 func takeLock(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '0', true)`); err != nil {
+	var statementTimeout string
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('statement_timeout'), pg_catalog.set_config('lock_timeout', '0', true), pg_catalog.set_config('statement_timeout', '0', true)`).Scan(&statementTimeout, new(string), new(string)); err != nil {
 		return fmt.Errorf("taking the advisory lock: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1)`, lockKey); err != nil {
 		return fmt.Errorf("taking the advisory lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '10s', true)`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '10s', true), pg_catalog.set_config('statement_timeout', $1, true)`, statementTimeout); err != nil {
 		return fmt.Errorf("setting lock_timeout: %w", err)
 	}
 	return nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	neturl "net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,5 +264,52 @@ func TestInitialSnapshotReconfigureTasks(t *testing.T) {
 			}
 			replayMatches(t, db, qualified(s, n), byTable[n])
 		})
+	}
+}
+
+// A Start waiting for the advisory lock that all pgaudit connectors share
+// (held here by hand, as another connector's long initial snapshot holds
+// it) is not cut short by the role's statement_timeout: the wait is bounded
+// by the Start's context only.
+func TestProvisioningWaitsForTheSharedLockPastStatementTimeout(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY)`)
+	ctx := testCtx(t)
+	holder, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		t.Fatal(err)
+	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("options", "-c statement_timeout=500ms")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	cfg := baseConfig(testenv.Unique("lockwait-"), u.String(), auditSchemaFor(t, db), s+".t")
+	// Released once the Start waits for it (pg_locks shows the wait).
+	go func() {
+		for ctx.Err() == nil {
+			var waiting bool
+			_ = db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1)`, int64(lockKey>>32), lockKey&0xffffffff).Scan(&waiting)
+			if waiting {
+				time.Sleep(time.Second) // past the statement_timeout
+				_ = holder.Rollback(context.Background())
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	r, err := tryStart(t, cfg, connect.NewMemoryLedger())
+	if err != nil {
+		t.Fatalf("Start behind the shared lock: %v", err)
+	}
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
 	}
 }
