@@ -280,8 +280,8 @@ func TestProvisioningWaitsForTheSharedLockPastStatementTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = holder.Rollback(context.Background()) }()
 	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
+		_ = holder.Rollback(context.Background())
 		t.Fatal(err)
 	}
 	u, err := neturl.Parse(url)
@@ -292,19 +292,24 @@ func TestProvisioningWaitsForTheSharedLockPastStatementTimeout(t *testing.T) {
 	q.Set("options", "-c statement_timeout=500ms")
 	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	cfg := baseConfig(testenv.Unique("lockwait-"), u.String(), auditSchemaFor(t, db), s+".t")
-	// Released once the Start waits for it (pg_locks shows the wait).
+	// Released once the Start waits for it (pg_locks shows the wait), or
+	// when the test ends; the goroutine alone ends the holder.
+	watch, stopWatch := context.WithCancel(ctx)
+	released := make(chan struct{})
 	go func() {
-		for ctx.Err() == nil {
+		defer close(released)
+		defer func() { _ = holder.Rollback(context.Background()) }()
+		for watch.Err() == nil {
 			var waiting bool
 			_ = db.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = $1 AND objid = $2 AND objsubid = 1)`, int64(lockKey>>32), lockKey&0xffffffff).Scan(&waiting)
 			if waiting {
 				time.Sleep(time.Second) // past the statement_timeout
-				_ = holder.Rollback(context.Background())
 				return
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
+	defer func() { stopWatch(); <-released }()
 	r, err := tryStart(t, cfg, connect.NewMemoryLedger())
 	if err != nil {
 		t.Fatalf("Start behind the shared lock: %v", err)
