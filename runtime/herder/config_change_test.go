@@ -517,3 +517,39 @@ func TestValidationReportsACommonKeyOnce(t *testing.T) {
 		t.Errorf("error_count %d, want 1", v.ErrorCount)
 	}
 }
+
+// pausePoint holds the first goroutine that reaches a test hook point until
+// release is called (or ctx ends); reached is closed when it arrives. Later
+// arrivals pass through.
+type pausePoint struct {
+	ctx              context.Context
+	reached, proceed chan struct{}
+	arrive, let      sync.Once
+}
+
+func newPausePoint(ctx context.Context) *pausePoint {
+	return &pausePoint{ctx: ctx, reached: make(chan struct{}), proceed: make(chan struct{})}
+}
+
+// hold is called at the hook point.
+func (p *pausePoint) hold() {
+	first := false
+	p.arrive.Do(func() { first = true; close(p.reached) })
+	if first {
+		select {
+		case <-p.proceed:
+		case <-p.ctx.Done():
+		}
+	}
+}
+
+// release lets the held goroutine (and any to come) go on.
+func (p *pausePoint) release() { p.let.Do(func() { close(p.proceed) }) }
+
+// signalPoint is a pausePoint that holds nobody: reached only says that
+// the point was reached.
+func signalPoint(ctx context.Context) *pausePoint {
+	p := newPausePoint(ctx)
+	p.release()
+	return p
+}

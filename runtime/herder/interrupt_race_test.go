@@ -63,38 +63,20 @@ func TestYieldedStartWaitsForTheInterruptingOperation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
 			slow := newSlowStarts()
-			resumeLocked, proceedResume := make(chan struct{}), make(chan struct{})
-			asked, proceedOp := make(chan struct{}), make(chan struct{})
-			yieldWait := make(chan struct{})
-			var resumeOnce, proceedResumeOnce, askedOnce, proceedOpOnce, yieldOnce sync.Once
-			releaseResume := func() { proceedResumeOnce.Do(func() { close(proceedResume) }) }
-			releaseOp := func() { proceedOpOnce.Do(func() { close(proceedOp) }) }
+			resume, op, yield := newPausePoint(ctx), newPausePoint(ctx), signalPoint(ctx)
+			resumeLocked, asked, yieldWait := resume.reached, op.reached, yield.reached
+			releaseResume, releaseOp := resume.release, op.release
 			var armed atomic.Bool
 			hook := withHook(func(point, connector string) {
 				switch point {
 				case hookResumeLocked:
-					first := false
-					resumeOnce.Do(func() { first = true; close(resumeLocked) })
-					if first {
-						select {
-						case <-proceedResume:
-						case <-ctx.Done():
-						}
-					}
+					resume.hold()
 				case hookInterruptAsked:
-					if !armed.Load() {
-						return
-					}
-					first := false
-					askedOnce.Do(func() { first = true; close(asked) })
-					if first {
-						select {
-						case <-proceedOp:
-						case <-ctx.Done():
-						}
+					if armed.Load() {
+						op.hold()
 					}
 				case hookYieldWait:
-					yieldOnce.Do(func() { close(yieldWait) })
+					yield.hold()
 				}
 			})
 			// The start at boot blocks (an unreachable system) until its ctx
@@ -368,26 +350,17 @@ func TestReconfigurationAfterAnInterruptWaitsForTheOperation(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
-	asked, proceed, yieldWait := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var askedOnce, proceedOnce, yieldOnce sync.Once
-	release := func() { proceedOnce.Do(func() { close(proceed) }) }
+	op, yield := newPausePoint(ctx), signalPoint(ctx)
+	asked, yieldWait, release := op.reached, yield.reached, op.release
 	hs := &harness{t: t, kind: kindReal, dir: t.TempDir(), rec: rec, reg: reg, seeds: testenv.KafkaBrokers(t),
 		extra: []Option{withHook(func(point, _ string) {
 			switch point {
 			case hookInterruptAsked:
-				if !armed.Load() {
-					return
-				}
-				first := false
-				askedOnce.Do(func() { first = true; close(asked) })
-				if first {
-					select {
-					case <-proceed:
-					case <-ctx.Done():
-					}
+				if armed.Load() {
+					op.hold()
 				}
 			case hookYieldWait:
-				yieldOnce.Do(func() { close(yieldWait) })
+				yield.hold()
 			}
 		})}}
 	hs.dropKafkaObjectsAtCleanup()

@@ -3,7 +3,6 @@ package herder
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -57,39 +56,20 @@ func TestYieldedStartDoesNotRunOnAConnectorCreatedAnew(t *testing.T) {
 	ctx := testCtx(t)
 	rec := sampleconn.NewRecorder()
 	slow := newSlowStarts()
-	resumeLocked, proceedResume := make(chan struct{}), make(chan struct{})
-	asked, proceedOp := make(chan struct{}), make(chan struct{})
-	yieldWait, proceedYield := make(chan struct{}), make(chan struct{})
-	var resumeOnce, proceedResumeOnce, askedOnce, proceedOpOnce, yieldOnce, proceedYieldOnce sync.Once
-	releaseResume := func() { proceedResumeOnce.Do(func() { close(proceedResume) }) }
-	releaseOp := func() { proceedOpOnce.Do(func() { close(proceedOp) }) }
-	releaseYield := func() { proceedYieldOnce.Do(func() { close(proceedYield) }) }
+	resume, op, yield := newPausePoint(ctx), newPausePoint(ctx), newPausePoint(ctx)
+	resumeLocked, asked, yieldWait := resume.reached, op.reached, yield.reached
+	releaseResume, releaseOp, releaseYield := resume.release, op.release, yield.release
 	var armed atomic.Bool
 	hook := withHook(func(point, connector string) {
-		wait := func(first bool, proceed chan struct{}) {
-			if first {
-				select {
-				case <-proceed:
-				case <-ctx.Done():
-				}
-			}
-		}
 		switch point {
 		case hookResumeLocked:
-			first := false
-			resumeOnce.Do(func() { first = true; close(resumeLocked) })
-			wait(first, proceedResume)
+			resume.hold()
 		case hookInterruptAsked:
-			if !armed.Load() {
-				return
+			if armed.Load() {
+				op.hold()
 			}
-			first := false
-			askedOnce.Do(func() { first = true; close(asked) })
-			wait(first, proceedOp)
 		case hookYieldWait:
-			first := false
-			yieldOnce.Do(func() { first = true; close(yieldWait) })
-			wait(first, proceedYield)
+			yield.hold()
 		}
 	})
 	gate := make(chan struct{})

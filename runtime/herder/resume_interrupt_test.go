@@ -21,20 +21,11 @@ func TestResumedStartYieldsToAnInterruptingOperation(t *testing.T) {
 	ctx := testCtx(t)
 	slow, gate := newSlowStarts(), make(chan struct{})
 	var gateOnce sync.Once
-	locked, proceed := make(chan struct{}), make(chan struct{})
-	var lockedOnce, proceedOnce sync.Once
-	release := func() { proceedOnce.Do(func() { close(proceed) }) }
+	resume := newPausePoint(ctx)
+	locked, release := resume.reached, resume.release
 	hook := withHook(func(point, _ string) {
-		if point != hookResumeLocked {
-			return
-		}
-		first := false
-		lockedOnce.Do(func() { first = true; close(locked) })
-		if first {
-			select {
-			case <-proceed:
-			case <-ctx.Done():
-			}
+		if point == hookResumeLocked {
+			resume.hold()
 		}
 	})
 	// Every later Start blocks (the system is unreachable) until its ctx ends.
