@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -552,4 +553,21 @@ func signalPoint(ctx context.Context) *pausePoint {
 	p := newPausePoint(ctx)
 	p.release()
 	return p
+}
+
+// interruptHooks holds resume at hookResumeLocked, op at hookInterruptAsked
+// once armed says so, and yield at hookYieldWait.
+func interruptHooks(resume, op, yield *pausePoint, armed *atomic.Bool) Option {
+	return withHook(func(point, _ string) {
+		switch point {
+		case hookResumeLocked:
+			resume.hold()
+		case hookInterruptAsked:
+			if armed.Load() {
+				op.hold()
+			}
+		case hookYieldWait:
+			yield.hold()
+		}
+	})
 }

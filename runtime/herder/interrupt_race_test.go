@@ -67,18 +67,7 @@ func TestYieldedStartWaitsForTheInterruptingOperation(t *testing.T) {
 			resumeLocked, asked, yieldWait := resume.reached, op.reached, yield.reached
 			releaseResume, releaseOp := resume.release, op.release
 			var armed atomic.Bool
-			hook := withHook(func(point, connector string) {
-				switch point {
-				case hookResumeLocked:
-					resume.hold()
-				case hookInterruptAsked:
-					if armed.Load() {
-						op.hold()
-					}
-				case hookYieldWait:
-					yield.hold()
-				}
-			})
+			hook := interruptHooks(resume, op, yield, &armed)
 			// The start at boot blocks (an unreachable system) until its ctx
 			// ends; so does the next one, the resumed start.
 			gate := make(chan struct{})

@@ -60,18 +60,7 @@ func TestYieldedStartDoesNotRunOnAConnectorCreatedAnew(t *testing.T) {
 	resumeLocked, asked, yieldWait := resume.reached, op.reached, yield.reached
 	releaseResume, releaseOp, releaseYield := resume.release, op.release, yield.release
 	var armed atomic.Bool
-	hook := withHook(func(point, connector string) {
-		switch point {
-		case hookResumeLocked:
-			resume.hold()
-		case hookInterruptAsked:
-			if armed.Load() {
-				op.hold()
-			}
-		case hookYieldWait:
-			yield.hold()
-		}
-	})
+	hook := interruptHooks(resume, op, yield, &armed)
 	gate := make(chan struct{})
 	h := bootBlocked(t, ctx, rec, slow, gate, hook)
 	t.Cleanup(releaseResume)
