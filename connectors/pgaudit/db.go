@@ -143,12 +143,6 @@ func takeLock(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// commitOrderLockKey is the advisory lock every capturing commit takes
-// under capture.order = commit: one key for every connector of a database,
-// so transactions that write the tables of several connectors cannot
-// deadlock on it (docs/decisions/0046).
-const commitOrderLockKey int64 = 0x7469_6479_6f72_6472 // "tidyordr"
-
 // sleepCtx waits d or until ctx is done; a backoff, not a condition wait.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -31,10 +31,9 @@ type sqlVars struct {
 	// new images grouped without pairing rows (docs/decisions/0044).
 	Single, Chunk         int
 	GroupBytes, SideBytes int
-	// Order is the commit-order function's quoted name, OrderLockKey the
-	// advisory lock every capturing commit takes (capture.order = commit).
-	Order        string
-	OrderLockKey int64
+	// Order is the commit-order function's quoted name (capture.order =
+	// commit).
+	Order string
 }
 
 // The capture function writes the first singleChanges changed rows of a
@@ -119,7 +118,6 @@ func (n names) vars(auditSchema string) sqlVars {
 		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
 		RowFunction:    pgx.Identifier{auditSchema, n.rowFunction}.Sanitize(),
 		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
-		OrderLockKey:   commitOrderLockKey,
 		Channel:        quoteLiteral(n.channel),
 		Marker:         quoteLiteral(n.marker),
 		Single:         singleChanges,

@@ -1,9 +1,9 @@
 -- Commit order (capture.order = commit): a deferred constraint trigger on
 -- the audit table renumbers each transaction's audit rows when it commits,
--- under a lock that orders capturing commits, so tasks reading in id order
--- read in commit order (docs/decisions/0046).
+-- so tasks reading in id order read in the order transactions entered
+-- COMMIT (docs/decisions/0046).
 -- SECURITY DEFINER: writers of the captured tables need no privilege on the
--- audit table. The writer's own lock_timeout applies to the lock.
+-- audit table.
 CREATE OR REPLACE FUNCTION {{.Order}}() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS {{.Body}};
