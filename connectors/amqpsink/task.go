@@ -878,10 +878,16 @@ func headerFramePayload(p amqp.Publishing) int {
 
 // interrupted maps a stop or cancellation to a quiet return: nothing
 // unconfirmed is ever flushed, so the records are simply delivered again.
+//
+// A stop is read from the task itself, not only from the cause of ctx:
+// Stop closes stopCh first and guard cancels the call's context a moment
+// later, so a cause read before that cancel and an Err read after it made
+// a stop look like the caller's cancellation (a flaky "context canceled"
+// from a Put that Stop interrupted).
 func (t *Task) interrupted(ctx context.Context, err error) error {
 	if errors.Is(err, errStopping) || ctx.Err() != nil {
-		if errors.Is(context.Cause(ctx), errStopping) {
-			return nil // a stop (guard cancelled the call's context), not the caller
+		if t.stopping() || errors.Is(context.Cause(ctx), errStopping) {
+			return nil // a stop, not the caller
 		}
 		return ctx.Err()
 	}
