@@ -1118,7 +1118,7 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 			// to its owner fails it rather than lose rows.
 			var pgErr *pgconn.PgError
 			if ctx.Err() != nil && len(snapshots) > 0 {
-				return fmt.Errorf("provisioning the audit objects of connector %q: the Start was cancelled (a REST client that stopped waiting, or a stop) while the initial snapshot (%s=%s) copied %d table(s); everything was rolled back: restart the connector, and let the request wait for the copy: %w",
+				return fmt.Errorf("provisioning the audit objects of connector %q: the Start was cancelled (a stop, restart, config change or deletion of the connector, or the worker shutting down) while the initial snapshot (%s=%s) copied %d table(s); everything was rolled back, and the next Start copies again: %w",
 					s.name, KeySnapshotMode, snapshotInitial, len(snapshots), err)
 			}
 			if errors.As(err, &pgErr) && pgErr.Code == "57014" && len(snapshots) > 0 && strings.Contains(pgErr.Message, "statement timeout") {

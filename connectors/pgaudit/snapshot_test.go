@@ -367,7 +367,7 @@ func TestInitialSnapshotCancelledStart(t *testing.T) {
 	if err == nil {
 		t.Fatal("Start succeeded although it was cancelled during the copy")
 	}
-	for _, want := range []string{"cancelled", KeySnapshotMode, "restart"} {
+	for _, want := range []string{"cancelled", KeySnapshotMode, "rolled back", "copies again"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Start error lacks %q: %v", want, err)
 		}

@@ -416,23 +416,21 @@ func TestStatusWhileStartBlocksIsUnassigned(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs.restart() // stopped: nothing starts at boot
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- hs.h.Resume(rctx, name) }()
+	resumed, changed := make(chan error, 1), make(chan error, 1)
+	go func() { resumed <- hs.h.Resume(ctx, name) }()
 	if err := rec.AwaitCall(ctx, sampleconn.ConnectorInstance(name)+" Start blocking", 1); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := hs.h.ConnectorStatus(ctx, name); err != nil || st.Connector.State != worker.StateUnassigned {
 		t.Errorf("status during the connector's Start = %+v (%v), want UNASSIGNED", st.Connector, err)
 	}
-	cancel()
-	<-done
-	// Now only the task's Start blocks.
+	// A config change interrupts the blocked Start; now only the task's
+	// Start blocks.
 	cfg[sampleconn.KeyFailTask] = "0"
-	pctx, pcancel := context.WithCancel(ctx)
-	defer pcancel()
-	go func() { _, _, err := hs.h.PutConnectorConfig(pctx, name, cfg); done <- err }()
+	go func() { _, _, err := hs.h.PutConnectorConfig(ctx, name, cfg); changed <- err }()
+	if err := <-resumed; err != nil {
+		t.Fatal(err)
+	}
 	if err := rec.AwaitCall(ctx, sampleconn.TaskInstance(name, 0)+" Start blocking", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -443,6 +441,10 @@ func TestStatusWhileStartBlocksIsUnassigned(t *testing.T) {
 	if ts, err := hs.h.TaskStatus(ctx, worker.TaskID{Connector: name, Task: 0}); err != nil || ts.State != worker.StateUnassigned {
 		t.Errorf("task status during its Start = %+v (%v), want UNASSIGNED", ts, err)
 	}
-	pcancel()
-	<-done
+	if err := hs.h.Stop(ctx, name); err != nil { // interrupts the task's Start
+		t.Fatal(err)
+	}
+	if err := <-changed; err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,7 +1,6 @@
 package herder
 
 import (
-	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -12,12 +11,13 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
-// A start the herder gave up on (the request's context ended while a Start
-// that ignores it still runs) is a failed start: the herder recorded FAILED
-// and treats the connector as not running. Its status must not read
-// UNASSIGNED ("not started yet") only because the worker still lists the
-// instance whose Start has not returned: a restart of failed instances
-// (onlyFailed) would skip it.
+// A start the herder gave up on (an operation interrupted it while a Start
+// that ignores its context still runs) is a failed start: the herder
+// recorded FAILED and treats the connector as not running. Its status must
+// not read UNASSIGNED ("not started yet") only because the worker still
+// lists the instance whose Start has not returned: a restart of failed
+// instances (onlyFailed), itself the interrupting operation here, would
+// skip it.
 func TestStatusOfAStartTheHerderGaveUpOnIsFailed(t *testing.T) {
 	rec := sampleconn.NewRecorder()
 	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
@@ -28,19 +28,37 @@ func TestStatusOfAStartTheHerderGaveUpOnIsFailed(t *testing.T) {
 	if _, err := hs.h.CreateConnector(ctx, name, cfg, worker.TargetStopped); err != nil {
 		t.Fatal(err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- hs.h.Resume(rctx, name) }()
+	resumed := make(chan error, 1)
+	go func() { resumed <- hs.h.Resume(ctx, name) }()
 	if err := rec.AwaitCall(ctx, sampleconn.ConnectorInstance(name)+" Start blocking", 1); err != nil {
 		t.Fatal(err)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	type restartResult struct {
+		st  ConnectorStatus
+		err error
+	}
+	restarted := make(chan restartResult, 1)
+	go func() {
+		st, err := hs.h.Restart(ctx, name, false, true)
+		restarted <- restartResult{st, err}
+	}()
+	if err := <-resumed; err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
-	st, err := hs.h.ConnectorStatus(ctx, name)
-	if err != nil || st.Connector.State != worker.StateFailed {
-		t.Errorf("status after the herder gave up on the start = %+v (%v), want FAILED", st.Connector, err)
+	// The restart read the connector FAILED, so it stops the instance
+	// (whose Stopped waits for the Start) to start it again.
+	if err := rec.AwaitCall(ctx, sampleconn.ConnectorInstance(name)+" Stop(false)", 1); err != nil {
+		t.Fatalf("the restart of failed instances did not restart the connector: %v", err)
+	}
+	rec.ReleaseBlocked()
+	var r restartResult
+	select {
+	case r = <-restarted:
+	case <-ctx.Done():
+		t.Fatal("the restart never returned")
+	}
+	if r.err != nil || r.st.Connector.State != worker.StateRestarting {
+		t.Errorf("restart of failed instances after the herder gave up on the start = %+v (%v), want the connector RESTARTING", r.st.Connector, r.err)
 	}
 }
 

@@ -1,9 +1,7 @@
 package herder
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/internal/sampleconn"
@@ -11,40 +9,40 @@ import (
 )
 
 // A connector Start that ignores its context and returns, successfully,
-// only after the create request gave up waiting must not leave the
-// connector RUNNING without tasks: the herder was told the start failed and
-// generated no task configs, so the instance fails (a restart starts it
-// with its tasks).
-func TestStartReturningAfterTheRequestGaveUpDoesNotRunWithoutTasks(t *testing.T) {
+// only after an operation interrupted it (the herder gave up on it and
+// generated no task configs) must not leave the connector RUNNING without
+// tasks: the late instance fails, and the interrupting restart starts the
+// connector with its tasks. (Since decision 0025 a request's client going
+// away no longer makes the herder give up on a start.)
+func TestStartReturningAfterTheHerderGaveUpDoesNotRunWithoutTasks(t *testing.T) {
 	rec := sampleconn.NewRecorder()
 	hs := newHarness(t, kindReal, t.TempDir(), rec, nil)
 	t.Cleanup(rec.ReleaseBlocked)
+	ctx := testCtx(t)
 	name := testenv.Unique("late-")
 	cfg := sourceConfig(testenv.Unique("t-"), 2, sampleconn.KeyBlockStart, sampleconn.BlockIgnoreCtx)
-	cctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if _, err := hs.h.CreateConnector(cctx, name, cfg, ""); err != nil {
+	created := make(chan error, 1)
+	go func() { _, err := hs.h.CreateConnector(ctx, name, cfg, ""); created <- err }()
+	inst := sampleconn.ConnectorInstance(name)
+	if err := rec.AwaitCall(ctx, inst+" Start blocking", 1); err != nil {
 		t.Fatal(err)
 	}
-	rec.ReleaseBlocked() // Start returns now, after the request gave up
-	ctx := testCtx(t)
-	if err := rec.AwaitCall(ctx, sampleconn.ConnectorInstance(name)+" Start", 1); err != nil {
+	restarted := make(chan error, 1)
+	go func() { _, err := hs.h.Restart(ctx, name, false, false); restarted <- err }()
+	if err := <-created; err != nil { // interrupted: the herder gave up on the Start
 		t.Fatal(err)
 	}
-	pollUntil(t, "the late start to settle", func() bool {
-		st, err := hs.h.ConnectorStatus(ctx, name)
-		return err == nil && st.Connector.State != worker.StateUnassigned
-	})
-	time.Sleep(200 * time.Millisecond) // a late RUNNING report would arrive by now
-	st, err := hs.h.ConnectorStatus(ctx, name)
-	if err != nil {
-		t.Fatal(err)
+	if st, err := hs.h.ConnectorStatus(ctx, name); err != nil || st.Connector.State == worker.StateRunning {
+		t.Fatalf("status once the herder gave up on the start = %+v (%v), want not RUNNING", st, err)
 	}
-	if st.Connector.State == worker.StateRunning && len(st.Tasks) != 2 {
-		t.Fatalf("connector RUNNING with %d tasks, tasks.max 2: %+v", len(st.Tasks), st)
-	}
-	if _, err := hs.h.Restart(ctx, name, false, true); err != nil {
+	// The restart waits for the blocked instance to stop; its Start
+	// returns now, successfully, after the herder gave up on it.
+	rec.ReleaseBlocked()
+	if err := <-restarted; err != nil {
 		t.Fatal(err)
 	}
 	hs.awaitRunning(name, 2)
+	if got := rec.Count(inst + " Start"); got != 2 {
+		t.Errorf("successful connector Starts = %d, want 2 (the late one and the restart's)", got)
+	}
 }

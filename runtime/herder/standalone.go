@@ -706,6 +706,31 @@ func (h *Standalone) interruptible(c *conn, seen uint64, start func(ctx context.
 	return true
 }
 
+// startingFor returns the context the starts of a request's operation run
+// under, and the function that ends it; call it under c's lock. The client
+// going away does not cancel it: a Start that provisions (a pgaudit initial
+// snapshot copying a big table) must not be rolled back, and the connector
+// left FAILED, because a client stopped waiting; in Kafka Connect, too, an
+// operation outlives the request that asked for it. What does cancel it is
+// the herder's Close and every operation that interrupts starts (a delete,
+// stop, restart or config change, through c.cancelStart, as for a start at
+// boot), so a Start that blocks never holds the connector for good
+// (docs/decisions/0025).
+func (h *Standalone) startingFor(ctx context.Context, c *conn) (context.Context, func()) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(h.bgCtx, cancel)
+	h.mu.Lock()
+	c.cancelStart = cancel
+	h.mu.Unlock()
+	return sctx, func() {
+		h.mu.Lock()
+		c.cancelStart = nil
+		h.mu.Unlock()
+		stop()
+		cancel()
+	}
+}
+
 // classChangeErrorsFor is classChangeErrors for the class cfg names, if it
 // is an installed plugin (an unknown one is validation's to report).
 func (h *Standalone) classChangeErrorsFor(ctx context.Context, name string, old, cfg connect.Config) map[string][]string {
@@ -1257,7 +1282,9 @@ func (h *Standalone) create(ctx context.Context, name string, cfg connect.Config
 	}
 	h.logger(c).Info("connector created", "class", cfg[KeyConnectorClass], "target_state", target, "config", h.mask(c, cfg))
 	if target != worker.TargetStopped {
-		h.startLocked(ctx, c)
+		sctx, done := h.startingFor(ctx, c)
+		h.startLocked(sctx, c)
+		done()
 	}
 	return h.infoLocked(c), nil
 }
@@ -1424,6 +1451,8 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	rec.Config = cfg
 	rec.Tasks = nil
 	rec.UpdatedAt = time.Now().UTC()
+	ctx, done := h.startingFor(ctx, c)
+	defer done()
 	h.stopAllLocked(ctx, c)
 	if err := h.store.PutConnector(ctx, rec); err != nil {
 		// The old config is still stored: bring the old instances back.
@@ -1484,6 +1513,8 @@ func (h *Standalone) changeTarget(ctx context.Context, name string, t worker.Tar
 		return err
 	}
 	h.logger(c).Info("connector target state changed", "target_state", t)
+	ctx, done := h.startingFor(ctx, c)
+	defer done()
 	if c.rec.Dormant {
 		// As Kafka Connect (WorkerConnector.suspend): pausing a STOPPED
 		// connector starts nothing, no Start (which may provision) and no
@@ -1560,6 +1591,8 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 	}
 	log := h.logger(c)
 	log.Info("restarting", "connector_restart", restartConn, "tasks", len(restartTasks))
+	ctx, done := h.startingFor(ctx, c)
+	defer done()
 	h.stopTasksLocked(ctx, c, restartTasks, false)
 	if restartConn {
 		_ = h.stopConnectorLocked(ctx, c, false)
@@ -1629,6 +1662,8 @@ func (h *Standalone) RestartTask(ctx context.Context, id worker.TaskID) error {
 		return ErrTaskNotFound
 	}
 	h.logger(c).Info("restarting task", "task", id.Task)
+	ctx, done := h.startingFor(ctx, c)
+	defer done()
 	h.stopTasksLocked(ctx, c, []worker.TaskID{id}, false)
 	h.startTaskLocked(ctx, c, id.Task)
 	return nil
