@@ -719,3 +719,66 @@ func TestDisabledTriggerOfTheEarlierName(t *testing.T) {
 		})
 	}
 }
+
+// TestCommitOrderKeepsIdsNobodyOvertook: under capture.order = commit a
+// transaction's audit row whose id is still the last one drawn when it
+// commits keeps it (a new one would stand in the same place), so
+// sequential writers cost no renumbering; a row someone drew past is
+// renumbered behind it, and the changes still leave in commit order.
+func TestCommitOrderKeepsIdsNobodyOvertook(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "events")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("keep-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
+	stopAtCleanup(t, r)
+	audit := auditTable(r)
+	lastDrawn := func() int64 {
+		t.Helper()
+		var n int64
+		if err := db.QueryRow(testCtx(t), `SELECT pg_sequence_last_value(pg_get_serial_sequence($1, 'id')::regclass)`, audit).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ids := func() []int64 {
+		t.Helper()
+		rows, err := db.Query(testCtx(t), `SELECT id FROM `+audit+` ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	for i := 1; i <= 5; i++ {
+		mustExec(t, db, fmt.Sprintf(`INSERT INTO %s VALUES (%d)`, tbl, i))
+	}
+	got := ids()
+	if len(got) != 5 || lastDrawn() != got[4] || got[4]-got[0] != 4 {
+		t.Fatalf("after 5 sequential transactions: audit ids %v, last drawn %d; want 5 consecutive ids, none drawn again", got, lastDrawn())
+	}
+	if keys := keyIDs(t, r.collect(5, true)); !slices.Equal(keys, []int64{1, 2, 3, 4, 5}) {
+		t.Fatalf("changes left in order %v, want [1 2 3 4 5]", keys)
+	}
+
+	// A writes first and commits last: B drew past A's row, so A's row is
+	// renumbered behind B's, which keeps its id.
+	a := begin(t, db)
+	txExec(t, a, `INSERT INTO `+tbl+` VALUES (6)`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (7)`)
+	before := lastDrawn()
+	if err := a.Commit(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(); len(got) != 2 || got[0] != before || got[1] != before+1 || lastDrawn() != before+1 {
+		t.Fatalf("audit ids %v (last drawn %d, %d before A's commit), want B's %d kept and A's renumbered to %d", got, lastDrawn(), before, before, before+1)
+	}
+	if keys := keyIDs(t, r.collect(2, true)); !slices.Equal(keys, []int64{7, 6}) {
+		t.Fatalf("changes left in order %v, want [7 6]", keys)
+	}
+	r.quiet()
+}

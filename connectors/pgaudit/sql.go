@@ -32,8 +32,9 @@ type sqlVars struct {
 	Single, Chunk         int
 	GroupBytes, SideBytes int
 	// Order is the commit-order function's quoted name (capture.order =
-	// commit).
-	Order string
+	// commit); OrderLiteral and TableLiteral are it and Table as string
+	// literals, for the block that creates the function.
+	Order, OrderLiteral, TableLiteral string
 }
 
 // The capture function writes the first singleChanges changed rows of a
@@ -118,6 +119,8 @@ func (n names) vars(auditSchema string) sqlVars {
 		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
 		RowFunction:    pgx.Identifier{auditSchema, n.rowFunction}.Sanitize(),
 		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
+		OrderLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.order}.Sanitize()),
+		TableLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.table}.Sanitize()),
 		Channel:        quoteLiteral(n.channel),
 		Marker:         quoteLiteral(n.marker),
 		Single:         singleChanges,

@@ -4,9 +4,20 @@
 -- COMMIT (docs/decisions/0046).
 -- SECURITY DEFINER: writers of the captured tables need no privilege on the
 -- audit table.
-CREATE OR REPLACE FUNCTION {{.Order}}() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS {{.Body}};
+-- The body compares ids with the audit table's identity sequence, whose
+-- name PostgreSQL chose when it made the table: it is looked up here and
+-- written into the body as a literal (a regclass constant).
+DO $tidyconnect_order$
+DECLARE
+    v_sequence pg_catalog.text := pg_catalog.pg_get_serial_sequence({{.TableLiteral}}, 'id');
+BEGIN
+    IF v_sequence IS NULL THEN
+        RAISE EXCEPTION 'the audit table % has no identity sequence on its id column', {{.TableLiteral}};
+    END IF;
+    EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS %L',
+        {{.OrderLiteral}}, pg_catalog.replace({{.Body}}, '@id_sequence@', pg_catalog.quote_literal(v_sequence)));
+END
+$tidyconnect_order$;
 COMMENT ON FUNCTION {{.Order}}() IS {{.Marker}};
 -- Only triggers call it; a trigger fires whatever its writer's privileges,
 -- but creating one needs EXECUTE. Without this revoke any role could hang
