@@ -261,23 +261,31 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 		closeHerder()
 		return nil
 	}
-	for _, cf := range files {
-		_, err := h.CreateConnector(ctx, cf.name, cf.config, cf.initial)
-		switch {
-		case err == nil:
-			log.Info("created connector from file", "connector", cf.name, "file", cf.path)
-		case errors.Is(err, herder.ErrAlreadyExists):
-			log.Info("connector from file already exists; keeping the stored config", "connector", cf.name, "file", cf.path)
-		case ctx.Err() != nil:
+	// The files' connectors are created in a goroutine this function
+	// joins: a create's Start no longer ends with ctx (decision 0025), so a
+	// signal meanwhile closes the herder, which interrupts it, rather than
+	// wait for a Start that may block (an unreachable system, a pgaudit
+	// initial snapshot waiting for a lock).
+	created := make(chan error, 1)
+	go func() { created <- createFromFiles(ctx, h, files, log) }()
+	var createErr error
+	select {
+	case createErr = <-created:
+	case <-ctx.Done():
+		log.Info("shutting down during start-up (connectors are stopped, never deleted)")
+		closeHerder()
+		<-created
+		return nil
+	}
+	if createErr != nil {
+		closeHerder()
+		if ctx.Err() != nil {
 			// A signal while the file's connector was validated (a
 			// plugin reaching its system): a shutdown, not a bad file.
 			log.Info("shutting down during start-up (connectors are stopped, never deleted)")
-			closeHerder()
 			return nil
-		default:
-			closeHerder()
-			return &usageError{fmt.Sprintf("connector file %s: %v", cf.path, err)}
 		}
+		return createErr
 	}
 
 	srv := &http.Server{
@@ -308,6 +316,29 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 	closeHerder()
 	log.Info("stopped")
 	return runErr
+}
+
+// createFromFiles creates the connectors of the connector files, keeping
+// the stored config of one that already exists. It stops at the first
+// error, a usageError naming the file, or at ctx's end.
+func createFromFiles(ctx context.Context, h *herder.Standalone, files []connectorFile, log *slog.Logger) error {
+	for _, cf := range files {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, err := h.CreateConnector(ctx, cf.name, cf.config, cf.initial)
+		switch {
+		case err == nil:
+			log.Info("created connector from file", "connector", cf.name, "file", cf.path)
+		case errors.Is(err, herder.ErrAlreadyExists):
+			log.Info("connector from file already exists; keeping the stored config", "connector", cf.name, "file", cf.path)
+		case ctx.Err() != nil:
+			return err
+		default:
+			return &usageError{fmt.Sprintf("connector file %s: %v", cf.path, err)}
+		}
+	}
+	return nil
 }
 
 // topicConfigs are the configs of topics the worker creates on demand: a

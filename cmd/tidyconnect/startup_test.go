@@ -84,3 +84,74 @@ func TestEmbeddedBrokerPortTakenNamesTheFlag(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want %d and a message naming --embedded-kafka-addr", code, stderr.String(), exitError)
 	}
 }
+
+// A signal that arrives while a connector file's connector starts (its
+// Start reaching a broker that accepts and never answers) shuts down at
+// once. The herder no longer ends a request's Start when the caller's
+// context ends (decision 0025), so the shutdown has to interrupt it: it
+// must not wait for the Start to give up by itself (here amqpsink's 15 s
+// handshake bound; a pgaudit initial snapshot waiting for a lock has
+// none).
+func TestSignalWhileAFileConnectorStartsEndsIt(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var conns []net.Conn
+	accepted := make(chan struct{}, 16)
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			accepted <- struct{}{}
+		}
+	}()
+	defer func() {
+		ln.Close()
+		<-acceptDone
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	dir := t.TempDir()
+	f := filepath.Join(dir, "c.json")
+	// amqpsink's Validate does not contact the broker: the file's
+	// connector is created, and its Start dials.
+	body := `{"name":"c","config":{"connector.class":"amqpsink","rabbitmq.url":"amqp://guest:guest@` + ln.Addr().String() + `/","topics":"t"}}`
+	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	signalled := make(chan time.Time, 1)
+	go func() {
+		select {
+		case <-accepted: // the Start is connecting: the signal comes now
+		case <-time.After(60 * time.Second):
+		}
+		signalled <- time.Now()
+		cancel()
+	}()
+	var stderr bytes.Buffer
+	code := run(ctx, []string{"standalone", "--rest-addr=127.0.0.1:0", "--embedded-kafka-addr=127.0.0.1:0", "--data-dir=" + filepath.Join(dir, "data"), f},
+		&bytes.Buffer{}, &stderr, func(string) (string, bool) { return "", false })
+	took := time.Since(<-signalled)
+	if code != 0 {
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		t.Errorf("a signal while a file's connector starts: exit code %d, want 0; last line: %s", code, lines[len(lines)-1])
+	}
+	if took > 10*time.Second {
+		t.Errorf("the shutdown took %v after the signal: it waited for the file connector's Start instead of interrupting it", took.Round(time.Millisecond))
+	}
+}

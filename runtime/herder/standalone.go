@@ -225,6 +225,11 @@ type conn struct {
 	// to zero) before it takes the lock again (interruptible).
 	approaching  int
 	approachDone chan struct{}
+	// approachingChanges counts, among approaching, the config changes
+	// that found no start to interrupt (interruptStartFor): validation
+	// under the lock may still refuse them, so a request's start does not
+	// give way to them (startingFor).
+	approachingChanges int
 	// topicsPending is set while a topicSeen save waits for the lock:
 	// topics first used meanwhile are saved by it, not each by its own.
 	topicsPending bool
@@ -487,7 +492,7 @@ func (h *Standalone) interruptStart(name string) (arrived func()) {
 	if cancel != nil {
 		cancel()
 	}
-	return h.arrival(name, c)
+	return h.arrival(name, c, false)
 }
 
 // approachLocked counts an interrupt of c and an operation on its way to
@@ -505,8 +510,9 @@ func (h *Standalone) approachLocked(c *conn) (cancel context.CancelFunc) {
 	return c.cancelStart
 }
 
-// arrival is the arrived of an operation that approachLocked counted.
-func (h *Standalone) arrival(name string, c *conn) (arrived func()) {
+// arrival is the arrived of an operation that approachLocked counted;
+// change says it was also counted in c.approachingChanges.
+func (h *Standalone) arrival(name string, c *conn, change bool) (arrived func()) {
 	h.runHook(hookInterruptAsked, name)
 	var once sync.Once
 	return func() {
@@ -517,6 +523,9 @@ func (h *Standalone) arrival(name string, c *conn) (arrived func()) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			c.approaching--
+			if change {
+				c.approachingChanges--
+			}
 			if c.approaching == 0 {
 				close(c.approachDone)
 				c.approachDone = nil
@@ -570,11 +579,14 @@ func (h *Standalone) interruptStartFor(ctx context.Context, name string, next fu
 		// instead of being cancelled by it unannounced (a change refused
 		// under the lock would then leave it FAILED, never resumed).
 		cancel := h.approachLocked(c) // a deletion's cleanup start, as before
+		if c != nil {
+			c.approachingChanges++
+		}
 		h.mu.Unlock()
 		if cancel != nil {
 			cancel()
 		}
-		return false, h.arrival(name, c), nil
+		return false, h.arrival(name, c, c != nil), nil
 	}
 	h.mu.Unlock()
 	{
@@ -716,12 +728,25 @@ func (h *Standalone) interruptible(c *conn, seen uint64, start func(ctx context.
 // stop, restart or config change, through c.cancelStart, as for a start at
 // boot), so a Start that blocks never holds the connector for good
 // (docs/decisions/0025).
+//
+// A delete, stop or restart that asked for an interrupt before the cancel
+// was registered (while this operation, or one before it, held the lock)
+// found nothing to cancel and waits for the lock: the starts give way to
+// it at once, as a background start yields to it (interruptible), instead
+// of holding it behind a Start that may block until Close. A config
+// change on its way does not count: validation under the lock may still
+// refuse it, and a refused change must leave the connector as it was.
 func (h *Standalone) startingFor(ctx context.Context, c *conn) (context.Context, func()) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(h.bgCtx, cancel)
 	h.mu.Lock()
 	c.cancelStart = cancel
+	preempted := c.approaching > c.approachingChanges
 	h.mu.Unlock()
+	if preempted {
+		h.logger(c).Info("an operation that interrupts starts is waiting for the connector; this operation's starts give way to it")
+		cancel()
+	}
 	return sctx, func() {
 		h.mu.Lock()
 		c.cancelStart = nil
