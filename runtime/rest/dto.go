@@ -17,10 +17,14 @@ import (
 
 // Wire shapes, field for field as Kafka Connect's Jackson classes write them.
 
+// clusterInfoDTO is Kafka's ServerInfo. Version is the Kafka Connect
+// release whose API is served (KafkaConnectVersion); tidyconnect's own
+// build version is the extension tidyconnect_version.
 type clusterInfoDTO struct {
-	Version        string `json:"version"`
-	Commit         string `json:"commit"`
-	KafkaClusterID string `json:"kafka_cluster_id"`
+	Version            string `json:"version"`
+	Commit             string `json:"commit"`
+	KafkaClusterID     string `json:"kafka_cluster_id"`
+	TidyconnectVersion string `json:"tidyconnect_version,omitempty"`
 }
 
 type taskIDDTO struct {

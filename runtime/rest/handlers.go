@@ -24,7 +24,7 @@ func (s *server) root(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, clusterInfoDTO{Version: ci.Version, Commit: ci.Commit, KafkaClusterID: ci.KafkaClusterID})
+	writeJSON(w, http.StatusOK, clusterInfoDTO{Version: KafkaConnectVersion, Commit: ci.Commit, KafkaClusterID: ci.KafkaClusterID, TidyconnectVersion: ci.Version})
 	return nil
 }
 
@@ -306,6 +306,26 @@ func (s *server) getTasks(w http.ResponseWriter, r *http.Request) error {
 			cfg = connect.Config{}
 		}
 		out = append(out, taskInfoDTO{ID: taskIDDTO{Connector: t.ID.Connector, Task: t.ID.Task}, Config: cfg})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// getTasksConfig is Kafka Connect 3.x's GET /connectors/{c}/tasks-config
+// (KIP-661; deprecated in 3.7, removed in 4.0): the task configs keyed by
+// ConnectorTaskId's text, "<connector>-<task>".
+func (s *server) getTasksConfig(w http.ResponseWriter, r *http.Request) error {
+	tasks, err := s.api.TaskConfigs(r.Context(), r.PathValue("c"))
+	if err != nil {
+		return err
+	}
+	out := make(map[string]connect.Config, len(tasks))
+	for _, t := range tasks {
+		cfg := t.Config
+		if cfg == nil {
+			cfg = connect.Config{}
+		}
+		out[fmt.Sprintf("%s-%d", t.ID.Connector, t.ID.Task)] = cfg
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -25,6 +25,15 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/logging"
 )
 
+// KafkaConnectVersion is the Apache Kafka release whose Connect REST API
+// this package serves (up to KIP-1017's GET /health, new in 3.9). GET /
+// answers it as "version", where a Kafka worker answers its own release:
+// clients gate features on that field (kcctl parses major.minor and refuses
+// to read offsets below 3.5; a version that is not numeric, such as a build's
+// "dev" or "v0.1.0", makes its commands fail outright). The build's own
+// version is in the extra field tidyconnect_version.
+const KafkaConnectVersion = "3.9.0"
+
 // DefaultDeleteTimeout bounds how long DELETE /connectors/{c} waits for the
 // connector's cleanup.
 const DefaultDeleteTimeout = 30 * time.Second
@@ -98,6 +107,7 @@ func (s *server) routes() {
 	h("PATCH /connectors/{c}/config", s.patchConfig)
 	h("GET /connectors/{c}/status", s.getStatus)
 	h("GET /connectors/{c}/tasks", s.getTasks)
+	h("GET /connectors/{c}/tasks-config", s.getTasksConfig)
 	h("GET /connectors/{c}/tasks/{t}/status", s.getTaskStatus)
 	h("POST /connectors/{c}/tasks/{t}/restart", s.restartTask)
 	h("POST /connectors/{c}/restart", s.restart)

@@ -72,7 +72,7 @@ func TestEndpoints(t *testing.T) {
 		wantCalls   []string // the herder calls, exactly; nil means not checked
 	}{
 		{name: "root", method: "GET", path: "/", wantStatus: 200,
-			wantBody: `{"version":"0.1.0-test","commit":"abc123","kafka_cluster_id":"cluster-1"}`},
+			wantBody: `{"version":"3.9.0","commit":"abc123","kafka_cluster_id":"cluster-1","tidyconnect_version":"0.1.0-test"}`},
 		{name: "list", method: "GET", path: "/connectors", wantStatus: 200, wantBody: `["src"]`},
 		{name: "list with trailing slash", method: "GET", path: "/connectors/", wantStatus: 200, wantBody: `["src"]`},
 		{name: "list empty", prepare: func(f *fakeHerder) { delete(f.connectors, "src") }, method: "GET", path: "/connectors", wantStatus: 200, wantBody: `[]`},
