@@ -242,10 +242,10 @@ func TestCommitOrderSetConstraintsImmediate(t *testing.T) {
 	r.quiet()
 }
 
-// TestCaptureOrderReconfigure: statement (the default) installs no order
-// objects; switching to commit installs them and changes leave in commit
-// order; switching back drops them and releases their ledger entries.
-// Capture goes on throughout.
+// TestCaptureOrderReconfigure: commit (the default) installs the order
+// objects and changes leave in commit order; switching to statement drops
+// them and releases their ledger entries; switching back installs them
+// again. Capture goes on throughout.
 func TestCaptureOrderReconfigure(t *testing.T) {
 	db, url := admin(t)
 	ctx := testCtx(t)
@@ -279,7 +279,7 @@ func TestCaptureOrderReconfigure(t *testing.T) {
 	for _, step := range []struct {
 		order string // "": the default
 		want  bool
-	}{{"", false}, {orderCommit, true}, {orderStatement, false}} {
+	}{{"", true}, {orderStatement, false}, {orderCommit, true}} {
 		if step.order != "" {
 			cfg[KeyCaptureOrder] = step.order
 		}
@@ -366,7 +366,8 @@ func TestCommitOrderRefusesForeignObjects(t *testing.T) {
 		cfg := baseConfig(testenv.Unique("foreign-"), url, audit, s+".events")
 		n := objectNames(cfg["name"])
 		l := connect.NewMemoryLedger()
-		r := startConnector(t, cfg, l) // statement: no order objects yet
+		cfg[KeyCaptureOrder] = orderStatement
+		r := startConnector(t, cfg, l) // no order objects yet
 		if err := r.stop(false); err != nil {
 			t.Fatal(err)
 		}

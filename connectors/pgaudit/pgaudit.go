@@ -97,8 +97,8 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Poll interval (ms)", Doc: "Fallback poll interval; wake-ups come from LISTEN/NOTIFY.", Validate: positive},
 		{Name: KeyCleanupOnDelete, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceMedium, Group: "Lifecycle", Order: 8,
 			DisplayName: "Clean up on delete", Doc: "Drop the owned triggers, functions, audit and wake-up tables and (if owned and empty) schema when the connector is deleted; false keeps everything."},
-		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
-			DisplayName: "Capture order", Doc: "statement: the changes of one row leave in commit order (with exceptions, see docs/pgaudit.md, Order), changes of different rows in the order their statements ran. commit: all changes leave in the order their transactions committed; every capturing commit of the database takes one lock in turn, which caps the commit rate of concurrent writers and does not mix with prepared transactions (see docs/pgaudit.md).",
+		{Name: KeyCaptureOrder, Type: connect.TypeString, Default: orderCommit, Importance: connect.ImportanceMedium, Group: "Capture", Order: 9,
+			DisplayName: "Capture order", Doc: "commit (the default): all changes leave in the order their transactions reached COMMIT, and transactions that depend on each other always in their order; a deferred trigger renumbers, at COMMIT, audit rows another transaction drew past (no lock: writers do not wait for each other). statement: the changes of one row leave in commit order (with exceptions), changes of different rows in the order their statements ran; nothing runs at COMMIT. See docs/pgaudit.md, Order.",
 			Validate: oneOf(orderCommit, orderStatement)},
 		{Name: KeyCaptureLevel, Type: connect.TypeString, Default: levelStatement, Importance: connect.ImportanceMedium, Group: "Capture", Order: 10,
 			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements; needed for per-row order when a table's own AFTER triggers write it again. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
@@ -174,7 +174,7 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], "must not be blank (leave the key out for the default, tidyconnect)")
 	}
 	if v, ok := cfg[KeyCaptureOrder]; ok && strings.TrimSpace(v) == "" {
-		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", orderStatement))
+		errs[KeyCaptureOrder] = append(errs[KeyCaptureOrder], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", orderCommit))
 	}
 	if v, ok := cfg[KeyCaptureLevel]; ok && strings.TrimSpace(v) == "" {
 		errs[KeyCaptureLevel] = append(errs[KeyCaptureLevel], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", levelStatement))
