@@ -736,6 +736,11 @@ func (h *Standalone) interruptible(c *conn, seen uint64, start func(ctx context.
 // of holding it behind a Start that may block until Close. A config
 // change on its way does not count: validation under the lock may still
 // refuse it, and a refused change must leave the connector as it was.
+//
+// Only starts run under it. The operation's stops and store writes run
+// under the request's context without its cancel: the client leaving or an
+// interrupt must not cut a stop short (the worker would abandon tasks still
+// in Poll or Put), and the worker bounds stops by their graceful timeouts.
 func (h *Standalone) startingFor(ctx context.Context, c *conn) (context.Context, func()) {
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(h.bgCtx, cancel)
@@ -1476,13 +1481,14 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	rec.Config = cfg
 	rec.Tasks = nil
 	rec.UpdatedAt = time.Now().UTC()
-	ctx, done := h.startingFor(ctx, c)
+	octx := context.WithoutCancel(ctx) // see startingFor
+	sctx, done := h.startingFor(ctx, c)
 	defer done()
-	h.stopAllLocked(ctx, c)
-	if err := h.store.PutConnector(ctx, rec); err != nil {
+	h.stopAllLocked(octx, c)
+	if err := h.store.PutConnector(octx, rec); err != nil {
 		// The old config is still stored: bring the old instances back.
 		if c.rec.Target != worker.TargetStopped && !c.rec.Dormant {
-			h.startLocked(ctx, c)
+			h.startLocked(sctx, c)
 		}
 		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s: %w", c.name, err)
 	}
@@ -1493,7 +1499,7 @@ func (h *Standalone) reconfigureLocked(ctx context.Context, c *conn, cfg connect
 	h.mu.Unlock()
 	h.logger(c).Info("connector reconfigured", "config", h.mask(c, cfg))
 	if rec.Target != worker.TargetStopped && !rec.Dormant {
-		h.startLocked(ctx, c)
+		h.startLocked(sctx, c)
 	}
 	return h.infoLocked(c), nil
 }
@@ -1616,14 +1622,15 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 	}
 	log := h.logger(c)
 	log.Info("restarting", "connector_restart", restartConn, "tasks", len(restartTasks))
-	ctx, done := h.startingFor(ctx, c)
+	octx := context.WithoutCancel(ctx) // see startingFor
+	sctx, done := h.startingFor(ctx, c)
 	defer done()
-	h.stopTasksLocked(ctx, c, restartTasks, false)
+	h.stopTasksLocked(octx, c, restartTasks, false)
 	if restartConn {
-		_ = h.stopConnectorLocked(ctx, c, false)
+		_ = h.stopConnectorLocked(octx, c, false)
 		old := c.rec.Tasks
 		h.forgetStatuses(name, -1)
-		err := h.w.StartConnector(ctx, worker.ConnectorRun{Name: name, Config: c.rec.Config.Clone(), Ledger: h.store.Ledger(name), Target: c.rec.Target})
+		err := h.w.StartConnector(sctx, worker.ConnectorRun{Name: name, Config: c.rec.Config.Clone(), Ledger: h.store.Ledger(name), Target: c.rec.Target})
 		c.inWorker = true
 		c.running = err == nil
 		h.setFailure(c, "")
@@ -1631,27 +1638,27 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 			log.Error("connector failed to start on restart", "error", err)
 			h.onStatusIfMissing(name, -1, err)
 		} else {
-			cfgs, err := h.w.TaskConfigs(ctx, name)
+			cfgs, err := h.w.TaskConfigs(sctx, name)
 			switch {
 			case err != nil:
 				h.setFailure(c, fmt.Sprintf("generating task configs: %v", err))
 			case !sameConfigs(cfgs, old) || len(c.tasks) < len(old):
 				// New task configs: every task restarts with them.
-				h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
+				h.stopTasksLocked(octx, c, slices.Clone(c.tasks), false)
 				tasks := make([]connect.Config, len(cfgs))
 				for i, tc := range cfgs {
 					tasks[i] = connect.Config(tc).Clone()
 				}
 				rec := c.rec
 				rec.Tasks = tasks
-				if err := h.store.PutConnector(ctx, rec); err != nil {
+				if err := h.store.PutConnector(octx, rec); err != nil {
 					h.setFailure(c, fmt.Sprintf("persisting task configs: %v", err))
 					break
 				}
 				h.setRec(c, rec)
 				h.forgetStatuses(name, len(tasks))
 				for i := range c.rec.Tasks {
-					h.startTaskLocked(ctx, c, i)
+					h.startTaskLocked(sctx, c, i)
 				}
 				restartTasks = nil
 			}
@@ -1659,7 +1666,7 @@ func (h *Standalone) Restart(ctx context.Context, name string, includeTasks, onl
 	}
 	for _, id := range restartTasks {
 		if id.Task < len(c.rec.Tasks) {
-			h.startTaskLocked(ctx, c, id.Task)
+			h.startTaskLocked(sctx, c, id.Task)
 		}
 	}
 	return st, nil
@@ -1687,10 +1694,10 @@ func (h *Standalone) RestartTask(ctx context.Context, id worker.TaskID) error {
 		return ErrTaskNotFound
 	}
 	h.logger(c).Info("restarting task", "task", id.Task)
-	ctx, done := h.startingFor(ctx, c)
+	sctx, done := h.startingFor(ctx, c)
 	defer done()
-	h.stopTasksLocked(ctx, c, []worker.TaskID{id}, false)
-	h.startTaskLocked(ctx, c, id.Task)
+	h.stopTasksLocked(context.WithoutCancel(ctx), c, []worker.TaskID{id}, false) // see startingFor
+	h.startTaskLocked(sctx, c, id.Task)
 	return nil
 }
 
