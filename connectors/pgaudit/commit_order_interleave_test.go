@@ -1,0 +1,141 @@
+package pgaudit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// TestCommitOrderConcurrentCommitsDoNotInterleave: under capture.order =
+// commit a transaction's audit rows are renumbered in one block when its
+// first one's turn comes at COMMIT, so a transaction that commits meanwhile
+// draws its ids before or after the block, never inside it. Here A's
+// COMMIT stalls between the order events of its two rows (a deferred
+// trigger of the user's, queued by a statement between them, waits for a
+// lock the test holds) while B commits. Renumbered one by one, A's rows
+// came out around B's ([1 3 2]).
+func TestCommitOrderConcurrentCommitsDoNotInterleave(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl, gate := qualified(s, "events"), qualified(s, "gate")
+	key := time.Now().UnixNano()
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
+	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
+	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("interleave-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
+	stopAtCleanup(t, r)
+
+	holder := begin(t, db)
+	txExec(t, holder, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, key))
+	aPID, aDone := inBackground(t, db, `INSERT INTO `+tbl+` VALUES (1)`, `INSERT INTO `+gate+` VALUES (1)`, `INSERT INTO `+tbl+` VALUES (2)`)
+	awaitAdvisoryWait(t, db, aPID, key)
+	execWithin(t, db, 10*time.Second, `INSERT INTO `+tbl+` VALUES (3)`) // B
+	if err := holder.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aDone; err != nil {
+		t.Fatalf("transaction A: %v", err)
+	}
+	// Read once both are visible: A's changes together, then B's.
+	if ids := keyIDs(t, r.collect(3, true)); !slices.Equal(ids, []int64{1, 2, 3}) {
+		t.Fatalf("changes left in order %v, want [1 2 3]", ids)
+	}
+	r.quiet()
+}
+
+// TestCommitOrderLateCommitBetweenRowsInFlight: a transaction draws its id
+// at COMMIT and then stalls; a transaction that committed before and one
+// that commits meanwhile are polled and stay unacknowledged, so the stalled
+// one's id lies between ids in flight. Once it commits, the task reads it
+// (between the ids it excludes), exactly once, and nothing is left behind.
+func TestCommitOrderLateCommitBetweenRowsInFlight(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl, gate := qualified(s, "events"), qualified(s, "gate")
+	key := time.Now().UnixNano()
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
+	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
+	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("gap-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
+	stopAtCleanup(t, r)
+	task := r.tasks[0]
+	var inFlight []connect.SourceRecord
+	poll := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			recs, err := task.Poll(ctx)
+			ended := ctx.Err() != nil
+			cancel()
+			if err != nil && !ended {
+				t.Fatalf("Poll: %v", err)
+			}
+			if len(recs) > 0 {
+				var got []change
+				for _, rec := range recs {
+					got = append(got, decode(t, rec))
+				}
+				if ids := keyIDs(t, got); !slices.Equal(ids, []int64{want}) {
+					t.Fatalf("polled %v, want [%d]", ids, want)
+				}
+				inFlight = append(inFlight, recs...)
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("change %d did not arrive", want)
+			}
+		}
+	}
+	auditIDs := func() []int64 {
+		var ids []int64
+		rows, err := db.Query(testCtx(t), `SELECT id FROM `+auditTable(r)+` ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	poll(2)
+	holder := begin(t, db)
+	txExec(t, holder, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, key))
+	aPID, aDone := inBackground(t, db, `INSERT INTO `+tbl+` VALUES (1)`, `INSERT INTO `+gate+` VALUES (1)`)
+	awaitAdvisoryWait(t, db, aPID, key) // its id is drawn
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (3)`)
+	poll(3)
+	if err := holder.Rollback(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aDone; err != nil {
+		t.Fatalf("the stalled transaction: %v", err)
+	}
+	ids := auditIDs()
+	if len(ids) != 3 || inFlight[0].SourceOffset["id"] != ids[0] || inFlight[1].SourceOffset["id"] != ids[2] {
+		t.Fatalf("audit ids %v; in flight %v and %v: the stalled commit's id is not between them", ids, inFlight[0].SourceOffset["id"], inFlight[1].SourceOffset["id"])
+	}
+	poll(1)
+	r.quiet()
+	if err := task.Commit(context.Background(), inFlight); err != nil {
+		t.Fatal(err)
+	}
+	r.quiet()
+	if ids := auditIDs(); len(ids) != 0 {
+		t.Fatalf("audit rows %v left after acknowledging every change", ids)
+	}
+}
