@@ -12,12 +12,14 @@ import (
 )
 
 // TestCommitOrderDependencyMadeInsideCommit: under capture.order = commit
-// a transaction's ids are drawn as its deferred order trigger fires. A
-// deferred trigger of the user's queued after it (by a later statement)
+// a transaction's rows get their place as its deferred order trigger fires.
+// A deferred trigger of the user's queued after it (by a later statement)
 // runs later in the same COMMIT, and can overwrite a change of a
 // transaction that became visible in between. The change it makes leaves
 // after the one it overwrote (row locks keep per-row order), but the
-// transaction's earlier change leaves before it.
+// transaction's earlier change, placed before the other one became
+// visible, leaves before it: the documented exception (docs/pgaudit.md,
+// Order).
 func TestCommitOrderDependencyMadeInsideCommit(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
@@ -31,11 +33,20 @@ func TestCommitOrderDependencyMadeInsideCommit(t *testing.T) {
 	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("inside-"), url, auditSchemaFor(t, db), s+".events", s+".counter")), connect.NewMemoryLedger())
 	stopAtCleanup(t, r)
 
+	// A writes its events row, then B takes the counter's row lock (its
+	// change is captured after A's row), then A commits: its events row
+	// gets its place, then its gate trigger waits for B's row lock.
+	a := begin(t, db)
+	var aPID int32
+	if err := a.QueryRow(testCtx(t), `SELECT pg_backend_pid()`).Scan(&aPID); err != nil {
+		t.Fatal(err)
+	}
+	txExec(t, a, `INSERT INTO `+events+` VALUES (1)`)
 	b := begin(t, db)
 	txExec(t, b, `UPDATE `+counter+` SET n = n + 1 WHERE id = 1`) // n = 1
-	// A: its events row is numbered first at COMMIT, then its gate
-	// trigger waits for B's row lock on the counter.
-	aPID, aDone := inBackground(t, db, `INSERT INTO `+events+` VALUES (1)`, `INSERT INTO `+gate+` VALUES (1)`)
+	txExec(t, a, `INSERT INTO `+gate+` VALUES (1)`)
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Commit(testCtx(t)) }()
 	await(t, 30*time.Second, func() (bool, string, error) {
 		var waiting bool
 		err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE pid = $1 AND NOT granted)`, aPID).Scan(&waiting)

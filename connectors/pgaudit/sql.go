@@ -35,9 +35,6 @@ type sqlVars struct {
 	// commit); OrderLiteral and TableLiteral are it and Table as string
 	// literals, for the block that creates the function.
 	Order, OrderLiteral, TableLiteral string
-	// OrderLockBase plus the audit table's OID is the advisory lock the
-	// order function holds while it renumbers a transaction's rows.
-	OrderLockBase int64
 }
 
 // The capture function writes the first singleChanges changed rows of a
@@ -110,11 +107,6 @@ func render(file, block string, v sqlVars) (string, error) {
 	return buf.String(), nil
 }
 
-// orderLockBase ("tidy" in the high half) plus an audit table's OID is the
-// advisory lock under which its order function renumbers a transaction's
-// audit rows in one block (docs/decisions/0046).
-const orderLockBase int64 = 0x74696479 << 32
-
 // vars returns the quoted identifiers of the connector's objects.
 func (n names) vars(auditSchema string) sqlVars {
 	return sqlVars{
@@ -129,7 +121,6 @@ func (n names) vars(auditSchema string) sqlVars {
 		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
 		OrderLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.order}.Sanitize()),
 		TableLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.table}.Sanitize()),
-		OrderLockBase:  orderLockBase,
 		Channel:        quoteLiteral(n.channel),
 		Marker:         quoteLiteral(n.marker),
 		Single:         singleChanges,
