@@ -16,9 +16,10 @@ import (
 // a transaction that commits meanwhile draws its ids in between: the
 // changes of two independent transactions committing at the same moment
 // can interleave (the documented exception; each keeps its own order).
-// Here A's COMMIT stalls between its two rows (a deferred trigger of the
-// user's, queued by a statement between them, waits for a lock the test
-// holds) while B commits.
+// Here B's statement drew its id between A's two rows, and A's COMMIT
+// stalls between them (a deferred trigger of the user's, queued by a
+// statement between them, waits for a lock the test holds) while B
+// commits.
 func TestCommitOrderConcurrentCommitsInterleave(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
@@ -33,9 +34,24 @@ func TestCommitOrderConcurrentCommitsInterleave(t *testing.T) {
 
 	holder := begin(t, db)
 	txExec(t, holder, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, key))
-	aPID, aDone := inBackground(t, db, `INSERT INTO `+tbl+` VALUES (1)`, `INSERT INTO `+gate+` VALUES (1)`, `INSERT INTO `+tbl+` VALUES (2)`)
+	// B's statement draws its id between A's two rows, so A's rows are not
+	// one run of its own and are renumbered, one by one.
+	a := begin(t, db)
+	var aPID int32
+	if err := a.QueryRow(testCtx(t), `SELECT pg_backend_pid()`).Scan(&aPID); err != nil {
+		t.Fatal(err)
+	}
+	txExec(t, a, `INSERT INTO `+tbl+` VALUES (1)`)
+	b := begin(t, db)
+	txExec(t, b, `INSERT INTO `+tbl+` VALUES (3)`)
+	txExec(t, a, `INSERT INTO `+gate+` VALUES (1)`)
+	txExec(t, a, `INSERT INTO `+tbl+` VALUES (2)`)
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Commit(testCtx(t)) }()
 	awaitAdvisoryWait(t, db, aPID, key)
-	execWithin(t, db, 10*time.Second, `INSERT INTO `+tbl+` VALUES (3)`) // B
+	if err := b.Commit(testCtx(t)); err != nil { // B commits while A's COMMIT stalls
+		t.Fatal(err)
+	}
 	if err := holder.Rollback(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}

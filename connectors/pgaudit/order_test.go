@@ -765,6 +765,22 @@ func TestCommitOrderKeepsIdsNobodyOvertook(t *testing.T) {
 	if keys := keyIDs(t, r.collect(5, true)); !slices.Equal(keys, []int64{1, 2, 3, 4, 5}) {
 		t.Fatalf("changes left in order %v, want [1 2 3 4 5]", keys)
 	}
+	// A transaction of several rows, all the last ids drawn, keeps them too
+	// (a run of its own: row-level capture of a bulk statement).
+	before5 := lastDrawn()
+	run := begin(t, db)
+	for i := 20; i < 23; i++ {
+		txExec(t, run, fmt.Sprintf(`INSERT INTO %s VALUES (%d)`, tbl, i))
+	}
+	if err := run.Commit(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(); !slices.Equal(got, []int64{before5 + 1, before5 + 2, before5 + 3}) || lastDrawn() != before5+3 {
+		t.Fatalf("a run of 3 rows: audit ids %v, last drawn %d (%d before); want its ids kept", got, lastDrawn(), before5)
+	}
+	if keys := keyIDs(t, r.collect(3, true)); !slices.Equal(keys, []int64{20, 21, 22}) {
+		t.Fatalf("changes left in order %v, want [20 21 22]", keys)
+	}
 
 	// A writes first and commits last: B drew past A's row, so A's row is
 	// renumbered behind B's, which keeps its id.

@@ -1,3 +1,8 @@
+DECLARE
+    v_last  pg_catalog.int8 := pg_catalog.pg_sequence_last_value(@id_sequence@::pg_catalog.regclass);
+    v_seen  pg_catalog.text;
+    v_mine  pg_catalog.int8;
+    v_guc   pg_catalog.text := 'tidyconnect.order_' OPERATOR(pg_catalog.||) TG_RELID::pg_catalog.text;
 BEGIN
     -- Runs at COMMIT, once per audit row the transaction wrote (a deferred
     -- constraint trigger is row-level): the row's statement-time id becomes
@@ -23,9 +28,34 @@ BEGIN
     -- order). Renumbering a transaction's rows in one block under a short
     -- lock prevented that, but cost single-row writers about a quarter of
     -- their throughput (docs/decisions/0046).
-    IF pg_catalog.pg_sequence_last_value(@id_sequence@::pg_catalog.regclass) OPERATOR(pg_catalog.=) NEW.id THEN
+    IF v_last OPERATOR(pg_catalog.=) NEW.id THEN
         RETURN NULL;
     END IF;
+    -- The same holds for a run of rows: when every id from this row's to
+    -- the last one drawn is the transaction's own, the run keeps its ids
+    -- (a bulk statement's grouped rows, and above all row-level capture,
+    -- one row per changed row). The first row's event decides for the run
+    -- and notes up to which id it decided, keep (+) or renumber (-), in a
+    -- transaction-local setting, so the run's other events neither count
+    -- again nor decide otherwise; rows written later (by a deferred
+    -- trigger during this COMMIT) have higher ids and decide anew.
+    v_seen := pg_catalog.current_setting(v_guc, true);
+    IF v_seen IS NOT NULL AND v_seen OPERATOR(pg_catalog.<>) '' THEN
+        IF NEW.id OPERATOR(pg_catalog.<=) pg_catalog.abs(v_seen::pg_catalog.int8) THEN
+            IF v_seen::pg_catalog.int8 OPERATOR(pg_catalog.>) 0 THEN
+                RETURN NULL;
+            END IF;
+            UPDATE {{.Table}} SET id = DEFAULT WHERE id = NEW.id;
+            RETURN NULL;
+        END IF;
+    END IF;
+    SELECT pg_catalog.count(*) INTO v_mine FROM {{.Table}} a
+    WHERE a.id OPERATOR(pg_catalog.>=) NEW.id AND a.id OPERATOR(pg_catalog.<=) v_last AND a.txid OPERATOR(pg_catalog.=) NEW.txid;
+    IF v_mine OPERATOR(pg_catalog.=) ((v_last OPERATOR(pg_catalog.-) NEW.id) OPERATOR(pg_catalog.+) 1) THEN
+        PERFORM pg_catalog.set_config(v_guc, v_last::pg_catalog.text, true);
+        RETURN NULL;
+    END IF;
+    PERFORM pg_catalog.set_config(v_guc, (OPERATOR(pg_catalog.-) v_last)::pg_catalog.text, true);
     UPDATE {{.Table}} SET id = DEFAULT WHERE id = NEW.id;
     RETURN NULL;
 END
