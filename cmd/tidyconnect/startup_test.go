@@ -13,19 +13,22 @@ import (
 	"time"
 )
 
-// A signal that arrives while a connector file's connector is being
-// validated (pgaudit reaching a database that does not answer) is a clean
-// shutdown, exit code 0, not an "invalid connector file".
-func TestSignalWhileCreatingConnectorsFromFiles(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+// silentServer listens on a local port, accepts connections and never
+// answers them; accepted receives once per connection. The listener and
+// the connections are closed, and the accepting goroutine joined, when the
+// test ends.
+func silentServer(t *testing.T) (addr string, accepted <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	var mu sync.Mutex
 	var conns []net.Conn
-	accepted := make(chan struct{}, 16)
+	ch := make(chan struct{}, 16)
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
@@ -34,38 +37,65 @@ func TestSignalWhileCreatingConnectorsFromFiles(t *testing.T) {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			accepted <- struct{}{}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
 	}()
-	defer func() {
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range conns {
 			c.Close()
 		}
-	}()
+	})
+	return ln.Addr().String(), ch
+}
+
+// runSignalledOnAccept runs `tidyconnect standalone` with one connector
+// file of body, and signals it (cancels its context) when the first
+// connection reaches the silent server, or after 60 s. It returns the exit
+// code, the last line of stderr and when the signal came.
+func runSignalledOnAccept(t *testing.T, body string, accepted <-chan struct{}) (code int, last string, signalled time.Time) {
+	t.Helper()
 	dir := t.TempDir()
 	f := filepath.Join(dir, "c.json")
-	body := `{"name":"c","config":{"connector.class":"pgaudit","postgres.url":"postgres://u@` + ln.Addr().String() + `/db?sslmode=disable&connect_timeout=30","tables":"public.t","topic.prefix":"tc"}}`
 	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() {
+	at := make(chan time.Time, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
 		select {
-		case <-accepted: // the validation is connecting: the signal comes now
-			cancel()
+		case <-accepted:
 		case <-time.After(60 * time.Second):
-			cancel()
+		case <-ctx.Done():
 		}
-	}()
+		at <- time.Now()
+		cancel()
+	})
 	var stderr bytes.Buffer
-	code := run(ctx, []string{"standalone", "--rest-addr=127.0.0.1:0", "--embedded-kafka-addr=127.0.0.1:0", "--data-dir=" + filepath.Join(dir, "data"), f},
+	code = run(ctx, []string{"standalone", "--rest-addr=127.0.0.1:0", "--embedded-kafka-addr=127.0.0.1:0", "--data-dir=" + filepath.Join(dir, "data"), f},
 		&bytes.Buffer{}, &stderr, func(string) (string, bool) { return "", false })
-	if code != 0 {
-		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-		t.Errorf("a signal during start-up: exit code %d, want 0; last line: %s", code, lines[len(lines)-1])
+	cancel()
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	return code, lines[len(lines)-1], <-at
+}
+
+// A signal that arrives while a connector file's connector is being
+// validated (pgaudit reaching a database that does not answer) is a clean
+// shutdown, exit code 0, not an "invalid connector file".
+func TestSignalWhileCreatingConnectorsFromFiles(t *testing.T) {
+	addr, accepted := silentServer(t)
+	body := `{"name":"c","config":{"connector.class":"pgaudit","postgres.url":"postgres://u@` + addr + `/db?sslmode=disable&connect_timeout=30","tables":"public.t","topic.prefix":"tc"}}`
+	if code, last, _ := runSignalledOnAccept(t, body, accepted); code != 0 {
+		t.Errorf("a signal during start-up: exit code %d, want 0; last line: %s", code, last)
 	}
 }
 
@@ -93,63 +123,14 @@ func TestEmbeddedBrokerPortTakenNamesTheFlag(t *testing.T) {
 // handshake bound; a pgaudit initial snapshot waiting for a lock has
 // none).
 func TestSignalWhileAFileConnectorStartsEndsIt(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var mu sync.Mutex
-	var conns []net.Conn
-	accepted := make(chan struct{}, 16)
-	acceptDone := make(chan struct{})
-	go func() {
-		defer close(acceptDone)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			accepted <- struct{}{}
-		}
-	}()
-	defer func() {
-		ln.Close()
-		<-acceptDone
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	dir := t.TempDir()
-	f := filepath.Join(dir, "c.json")
+	addr, accepted := silentServer(t)
 	// amqpsink's Validate does not contact the broker: the file's
 	// connector is created, and its Start dials.
-	body := `{"name":"c","config":{"connector.class":"amqpsink","rabbitmq.url":"amqp://guest:guest@` + ln.Addr().String() + `/","topics":"t"}}`
-	if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	signalled := make(chan time.Time, 1)
-	go func() {
-		select {
-		case <-accepted: // the Start is connecting: the signal comes now
-		case <-time.After(60 * time.Second):
-		}
-		signalled <- time.Now()
-		cancel()
-	}()
-	var stderr bytes.Buffer
-	code := run(ctx, []string{"standalone", "--rest-addr=127.0.0.1:0", "--embedded-kafka-addr=127.0.0.1:0", "--data-dir=" + filepath.Join(dir, "data"), f},
-		&bytes.Buffer{}, &stderr, func(string) (string, bool) { return "", false })
-	took := time.Since(<-signalled)
+	body := `{"name":"c","config":{"connector.class":"amqpsink","rabbitmq.url":"amqp://guest:guest@` + addr + `/","topics":"t"}}`
+	code, last, signalled := runSignalledOnAccept(t, body, accepted)
+	took := time.Since(signalled)
 	if code != 0 {
-		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-		t.Errorf("a signal while a file's connector starts: exit code %d, want 0; last line: %s", code, lines[len(lines)-1])
+		t.Errorf("a signal while a file's connector starts: exit code %d, want 0; last line: %s", code, last)
 	}
 	if took > 10*time.Second {
 		t.Errorf("the shutdown took %v after the signal: it waited for the file connector's Start instead of interrupting it", took.Round(time.Millisecond))

@@ -23,12 +23,9 @@ import (
 func TestCommitOrderConcurrentCommitsInterleave(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	tbl, gate := qualified(s, "events"), qualified(s, "gate")
-	key := time.Now().UnixNano()
+	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
-	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
-	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	gate, key := commitGate(t, db, s)
 	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("interleave-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
 	stopAtCleanup(t, r)
 
@@ -73,12 +70,9 @@ func TestCommitOrderConcurrentCommitsInterleave(t *testing.T) {
 func TestCommitOrderLateCommitBetweenRowsInFlight(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	tbl, gate := qualified(s, "events"), qualified(s, "gate")
-	key := time.Now().UnixNano()
+	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
-	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
-	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	gate, key := commitGate(t, db, s)
 	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("gap-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
 	stopAtCleanup(t, r)
 	task := r.tasks[0]
@@ -110,22 +104,7 @@ func TestCommitOrderLateCommitBetweenRowsInFlight(t *testing.T) {
 			}
 		}
 	}
-	auditIDs := func() []int64 {
-		var ids []int64
-		rows, err := db.Query(testCtx(t), `SELECT id FROM `+auditTable(r)+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, id)
-		}
-		return ids
-	}
+	auditIDs := func() []int64 { return int64s(t, db, `SELECT id FROM `+auditTable(r)+` ORDER BY id`) }
 
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
 	poll(2)

@@ -42,22 +42,7 @@ func TestBulkStatementsGrouped(t *testing.T) {
 	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, g * 1.5, 'r' || g, '2026-01-02 03:04:05+00'::timestamptz + g * interval '1 second' FROM generate_series(1, %d) g`, tbl, rows))
 	// A whole-table UPDATE or DELETE visits the rows in physical order:
 	// that is the statement order the changes must keep.
-	physical := func() []int64 {
-		var ids []int64
-		rows, err := db.Query(testCtx(t), `SELECT id FROM `+tbl+` ORDER BY ctid`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, id)
-		}
-		return ids
-	}
+	physical := func() []int64 { return int64s(t, db, `SELECT id FROM `+tbl+` ORDER BY ctid`) }
 	order := [3][]int64{nil, physical()}
 	mustExec(t, db, `UPDATE `+tbl+` SET n = n + 1, o = o || 'x'`)
 	order[2] = physical()

@@ -396,3 +396,17 @@ func testDB(t testing.TB, db *pgxpool.Pool) string {
 	}
 	return name
 }
+
+// int64s runs a query of one bigint column and returns its values.
+func int64s(t testing.TB, db *pgxpool.Pool, sql string, args ...any) []int64 {
+	t.Helper()
+	rows, err := db.Query(testCtx(t), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}

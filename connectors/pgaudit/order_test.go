@@ -149,6 +149,19 @@ func inBackground(t testing.TB, db *pgxpool.Pool, sqls ...string) (int32, <-chan
 	return pid, done
 }
 
+// commitGate makes table s.gate whose deferred constraint trigger waits,
+// at COMMIT, for advisory lock key: a transaction that inserts into it
+// after a captured statement stalls inside its COMMIT, after its order
+// trigger ran, for as long as the test holds the lock.
+func commitGate(t testing.TB, db *pgxpool.Pool, s string) (gate string, key int64) {
+	t.Helper()
+	gate, key = qualified(s, "gate"), time.Now().UnixNano()
+	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
+	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
+	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	return gate, key
+}
+
 // awaitAdvisoryWait waits until backend pid waits for the advisory lock
 // key.
 func awaitAdvisoryWait(t testing.TB, db *pgxpool.Pool, pid int32, key int64) {
@@ -181,12 +194,9 @@ func execWithin(t testing.TB, db *pgxpool.Pool, d time.Duration, sql string) {
 func TestCommitOrderStalledCommitHoldsNoOneBack(t *testing.T) {
 	db, url := admin(t)
 	s := newSchema(t, db)
-	tbl, gate := qualified(s, "events"), qualified(s, "gate")
-	key := time.Now().UnixNano()
+	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
-	mustExec(t, db, fmt.Sprintf(`CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN PERFORM pg_advisory_xact_lock(%d); RETURN NULL; END$$`, qualified(s, "gate_wait"), key))
-	mustExec(t, db, `CREATE CONSTRAINT TRIGGER gate_wait AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "gate_wait")+`()`)
+	gate, key := commitGate(t, db, s)
 	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("stalled-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
 	stopAtCleanup(t, r)
 
@@ -742,18 +752,7 @@ func TestCommitOrderKeepsIdsNobodyOvertook(t *testing.T) {
 		}
 		return n
 	}
-	ids := func() []int64 {
-		t.Helper()
-		rows, err := db.Query(testCtx(t), `SELECT id FROM `+audit+` ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	ids := func() []int64 { return int64s(t, db, `SELECT id FROM `+audit+` ORDER BY id`) }
 
 	for i := 1; i <= 5; i++ {
 		mustExec(t, db, fmt.Sprintf(`INSERT INTO %s VALUES (%d)`, tbl, i))
