@@ -38,14 +38,21 @@ BEGIN
     -- and notes up to which id it decided, keep (+) or renumber (-), in a
     -- transaction-local setting, so the run's other events neither count
     -- again nor decide otherwise; rows written later (by a deferred
-    -- trigger during this COMMIT) have higher ids and decide anew.
+    -- trigger during this COMMIT) have higher ids and decide anew, unless
+    -- the transaction renumbers: then every later row is renumbered too.
+    -- A row written during COMMIT while earlier rows were being renumbered
+    -- is followed by their new ids, which would pass for a run of its own,
+    -- but those rows were written before it and must stay before it
+    -- (TestCommitOrderRowWrittenAtCommitAfterRenumberedRows). Events run
+    -- in the order the rows were written, so renumbering each in turn
+    -- keeps that order.
     v_seen := pg_catalog.current_setting(v_guc, true);
     IF v_seen IS NOT NULL AND v_seen OPERATOR(pg_catalog.<>) '' THEN
-        IF NEW.id OPERATOR(pg_catalog.<=) pg_catalog.abs(v_seen::pg_catalog.int8) THEN
-            IF v_seen::pg_catalog.int8 OPERATOR(pg_catalog.>) 0 THEN
-                RETURN NULL;
-            END IF;
+        IF v_seen::pg_catalog.int8 OPERATOR(pg_catalog.<) 0 THEN
             UPDATE {{.Table}} SET id = DEFAULT WHERE id = NEW.id;
+            RETURN NULL;
+        END IF;
+        IF NEW.id OPERATOR(pg_catalog.<=) v_seen::pg_catalog.int8 THEN
             RETURN NULL;
         END IF;
     END IF;
