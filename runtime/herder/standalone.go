@@ -629,7 +629,7 @@ func (h *Standalone) resumeInterruptedStart(name string) {
 		}
 		retry = !h.interruptible(c, seen, func(ctx context.Context) {
 			h.logger(c).Info("starting the connector again: its start was interrupted for a config change that was then refused")
-			h.stopAllLocked(ctx, c)
+			h.stopAllLocked(context.WithoutCancel(ctx), c) // see requestReconfiguration
 			h.startLocked(ctx, c)
 		})
 		if retry {
@@ -1438,6 +1438,9 @@ func (h *Standalone) reconfigureDeletingLocked(ctx context.Context, c *conn, cfg
 	if err := h.store.PutIntent(ctx, in); err != nil {
 		return ConnectorInfo{}, fmt.Errorf("herder: persisting the new config of connector %s, which is being deleted (nothing changed; retry): %w", c.name, err)
 	}
+	// The change is made: the client going away cuts neither the record's
+	// update nor the stop (decision 0025).
+	ctx = context.WithoutCancel(ctx)
 	h.setDeletion(c, &in)
 	rec := c.rec
 	rec.Config = cfg
@@ -1572,7 +1575,9 @@ func (h *Standalone) Stop(ctx context.Context, name string) error {
 	if err := h.setTarget(ctx, c, worker.TargetStopped); err != nil {
 		return err
 	}
-	h.stopAllLocked(ctx, c)
+	// Not cut by the client going away (see startingFor): the worker would
+	// abandon tasks still in Poll or Put and cut their Stopped.
+	h.stopAllLocked(context.WithoutCancel(ctx), c)
 	h.forgetStatuses(name, 0)
 	if c.hasPlugin {
 		// A failure of the instance just stopped (its task configs, a
@@ -2245,7 +2250,10 @@ func (h *Standalone) requestReconfiguration(name string) {
 				return
 			}
 			h.logger(c).Info("task configs changed; restarting the tasks", "tasks", len(cfgs))
-			h.stopTasksLocked(ctx, c, slices.Clone(c.tasks), false)
+			// Only the starts are interruptible: an interrupt must not cut
+			// the stop short (the worker would abandon tasks still in Poll
+			// or Put); the worker bounds it by the graceful timeout.
+			h.stopTasksLocked(context.WithoutCancel(ctx), c, slices.Clone(c.tasks), false)
 			if err := h.startTasksLocked(ctx, c, true); err != nil {
 				h.setFailure(c, err.Error())
 			}
