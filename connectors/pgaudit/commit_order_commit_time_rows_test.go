@@ -5,9 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/tidyconnect/tidyconnect/internal/testenv"
-	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
 // TestCommitOrderRowWrittenAtCommitAfterRenumberedRows: transaction A
@@ -31,8 +28,7 @@ func TestCommitOrderRowWrittenAtCommitAfterRenumberedRows(t *testing.T) {
 	mustExec(t, db, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN UPDATE `+tc+` SET v = 'by trigger' WHERE id = NEW.id; RETURN NULL; END $$`)
 	mustExec(t, db, `CREATE CONSTRAINT TRIGGER touch AFTER INSERT ON `+ta+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("committime-"), url, auditSchemaFor(t, db), s+".a", s+".b", s+".c")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "committime-", s+".a", s+".b", s+".c")
 
 	a := begin(t, db)
 	txExec(t, a, `INSERT INTO `+tb+` VALUES (1)`)

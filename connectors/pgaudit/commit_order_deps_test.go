@@ -30,8 +30,7 @@ func TestCommitOrderDependencyMadeInsideCommit(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+gate+` (id int)`)
 	mustExec(t, db, `CREATE FUNCTION `+qualified(s, "bump")+`() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN UPDATE `+counter+` SET n = n + 1 WHERE id = 1; RETURN NULL; END$$`)
 	mustExec(t, db, `CREATE CONSTRAINT TRIGGER bump AFTER INSERT ON `+gate+` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+qualified(s, "bump")+`()`)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("inside-"), url, auditSchemaFor(t, db), s+".events", s+".counter")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "inside-", s+".events", s+".counter")
 
 	// A writes its events row, then B takes the counter's row lock (its
 	// change is captured after A's row), then A commits: its events row

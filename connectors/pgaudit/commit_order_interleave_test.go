@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
@@ -26,8 +25,7 @@ func TestCommitOrderConcurrentCommitsInterleave(t *testing.T) {
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
 	gate, key := commitGate(t, db, s)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("interleave-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "interleave-", s+".events")
 
 	holder := begin(t, db)
 	txExec(t, holder, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, key))
@@ -73,8 +71,7 @@ func TestCommitOrderLateCommitBetweenRowsInFlight(t *testing.T) {
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
 	gate, key := commitGate(t, db, s)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("gap-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "gap-", s+".events")
 	task := r.tasks[0]
 	var inFlight []connect.SourceRecord
 	poll := func(want int64) {

@@ -45,6 +45,16 @@ func commitOrder(cfg connect.Config) connect.Config {
 	return cfg
 }
 
+// startCommitOrder starts a connector named prefix plus a unique suffix,
+// under capture.order = commit, capturing tables, with an audit schema of
+// its own; it is deleted at cleanup (stopAtCleanup).
+func startCommitOrder(t testing.TB, db *pgxpool.Pool, url, prefix string, tables ...string) *running {
+	t.Helper()
+	r := startConnector(t, commitOrder(baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), tables...)), connect.NewMemoryLedger())
+	stopAtCleanup(t, r)
+	return r
+}
+
 // stopAtCleanup deletes the connector at cleanup, after the transactions
 // the test opened later have rolled back (cleanups run last first): a test
 // that fails with one open must not make the deletion wait for it.
@@ -197,8 +207,7 @@ func TestCommitOrderStalledCommitHoldsNoOneBack(t *testing.T) {
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
 	gate, key := commitGate(t, db, s)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("stalled-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "stalled-", s+".events")
 
 	holder := begin(t, db)
 	txExec(t, holder, fmt.Sprintf(`SELECT pg_advisory_xact_lock(%d)`, key))
@@ -235,8 +244,7 @@ func TestCommitOrderSetConstraintsImmediate(t *testing.T) {
 	s := newSchema(t, db)
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("immediate-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "immediate-", s+".events")
 
 	a := begin(t, db)
 	txExec(t, a, `SET CONSTRAINTS ALL IMMEDIATE`)
@@ -741,8 +749,7 @@ func TestCommitOrderKeepsIdsNobodyOvertook(t *testing.T) {
 	s := newSchema(t, db)
 	tbl := qualified(s, "events")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	r := startConnector(t, commitOrder(baseConfig(testenv.Unique("keep-"), url, auditSchemaFor(t, db), s+".events")), connect.NewMemoryLedger())
-	stopAtCleanup(t, r)
+	r := startCommitOrder(t, db, url, "keep-", s+".events")
 	audit := auditTable(r)
 	lastDrawn := func() int64 {
 		t.Helper()
