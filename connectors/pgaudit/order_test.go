@@ -805,3 +805,55 @@ func TestCommitOrderKeepsIdsNobodyOvertook(t *testing.T) {
 	}
 	r.quiet()
 }
+
+// TestCommitOrderIgnoresSearchPath: the order function is SECURITY DEFINER
+// without a fixed search_path (the SET clause cost a third of what commit
+// order adds to a single-row transaction), so it must name nothing through
+// the committing writer's search_path. With look-alikes first in it, each
+// of the function's paths runs and none of the look-alikes: a row still
+// the last drawn, a run of a transaction's own rows, and rows renumbered
+// behind a transaction that drew past them (the first decides, the second
+// follows the decision).
+func TestCommitOrderIgnoresSearchPath(t *testing.T) {
+	db, url := admin(t)
+	e := plantLookAlikes(t, db)
+	s := newSchema(t, db)
+	tbl := qualified(s, "events")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	r := startCommitOrder(t, db, url, "order-searchpath-", s+".events")
+
+	ctx := testCtx(t)
+	// A session of its own: PL/pgSQL compiles a function once per session,
+	// under the search_path of its first call.
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s with a hostile search_path: %v", sql, err)
+		}
+	}
+	exec(`SET search_path = ` + e + `, pg_catalog, public`)
+	if _, err := conn.Exec(ctx, `SELECT 1::pg_catalog.int8 = 2::pg_catalog.int8`); err == nil || !strings.Contains(err.Error(), "hijacked") {
+		t.Fatalf("the look-alike = is not in effect: %v", err)
+	}
+
+	exec(`INSERT INTO ` + tbl + ` VALUES (1)`)
+	exec(`BEGIN`)
+	exec(`INSERT INTO ` + tbl + ` VALUES (2)`)
+	exec(`INSERT INTO ` + tbl + ` VALUES (3)`)
+	exec(`COMMIT`)
+	exec(`BEGIN`)
+	exec(`INSERT INTO ` + tbl + ` VALUES (4)`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (5)`)
+	exec(`INSERT INTO ` + tbl + ` VALUES (6)`)
+	exec(`COMMIT`)
+
+	if keys := keyIDs(t, r.collect(6, true)); !slices.Equal(keys, []int64{1, 2, 3, 5, 4, 6}) {
+		t.Fatalf("changes left in order %v, want [1 2 3 5 4 6]", keys)
+	}
+	r.quiet()
+}

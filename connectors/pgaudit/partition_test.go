@@ -463,15 +463,13 @@ func TestDroppedPartitionChangesDelivered(t *testing.T) {
 	})
 }
 
-// TestCaptureIgnoresSearchPath: the capture functions are SECURITY DEFINER
-// without a fixed search_path (the SET clause costs every captured
-// statement, and every row under row-level capture), so they must name
-// nothing through the writer's search_path. A writer whose search_path puts
-// look-alike operators, functions and types first still gets every change
-// captured, single-row and grouped (more than singleChanges rows, cut by
-// bytes, an UPDATE's rows paired) alike, and none of the look-alikes runs.
-func TestCaptureIgnoresSearchPath(t *testing.T) {
-	db, url := admin(t)
+// plantLookAlikes makes a schema of look-alikes of what the capture and
+// order functions use: operators on text, bigint and integer, functions,
+// unnest and domains named like pg_catalog's types, each raising
+// "hijacked" when it runs. A session whose search_path puts the returned
+// (quoted) schema first runs them wherever a name is not qualified.
+func plantLookAlikes(t *testing.T, db *pgxpool.Pool) string {
+	t.Helper()
 	evil := newSchema(t, db)
 	e := pgx.Identifier{evil}.Sanitize()
 	const raise = `LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked by a look-alike in the search_path'; END$$`
@@ -487,13 +485,26 @@ func TestCaptureIgnoresSearchPath(t *testing.T) {
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = `+e+`.boom3)`)
 		mustExec(t, db, `CREATE OPERATOR `+e+`.`+op+` (LEFTARG = integer, RIGHTARG = integer, FUNCTION = `+e+`.boom5)`)
 	}
+	for _, typ := range []string{"text", "oid", "xid8", "int8"} {
+		mustExec(t, db, `CREATE DOMAIN `+e+`.`+typ+` AS pg_catalog.`+typ+` CHECK (`+e+`.boom4(VALUE))`)
+	}
+	return e
+}
+
+// TestCaptureIgnoresSearchPath: the capture functions are SECURITY DEFINER
+// without a fixed search_path (the SET clause costs every captured
+// statement, and every row under row-level capture), so they must name
+// nothing through the writer's search_path. A writer whose search_path puts
+// look-alike operators, functions and types first still gets every change
+// captured, single-row and grouped (more than singleChanges rows, cut by
+// bytes, an UPDATE's rows paired) alike, and none of the look-alikes runs.
+func TestCaptureIgnoresSearchPath(t *testing.T) {
+	db, url := admin(t)
+	e := plantLookAlikes(t, db)
 	// Bounds small enough that the grouped statements are cut by bytes,
 	// and the bulk UPDATE is grouped by pairing its rows.
 	override(t, &groupBytes, 100)
 	override(t, &sideBytes, 200)
-	for _, typ := range []string{"text", "oid", "xid8", "int8"} {
-		mustExec(t, db, `CREATE DOMAIN `+e+`.`+typ+` AS pg_catalog.`+typ+` CHECK (`+e+`.boom4(VALUE))`)
-	}
 
 	for _, tc := range []struct {
 		name        string

@@ -2,7 +2,7 @@ DECLARE
     v_last  pg_catalog.int8 := pg_catalog.pg_sequence_last_value(@id_sequence@::pg_catalog.regclass);
     v_seen  pg_catalog.text;
     v_mine  pg_catalog.int8;
-    v_guc   pg_catalog.text := 'tidyconnect.order_' OPERATOR(pg_catalog.||) TG_RELID::pg_catalog.text;
+    v_guc   pg_catalog.text;
 BEGIN
     -- Runs at COMMIT, once per audit row the transaction wrote (a deferred
     -- constraint trigger is row-level): the row's statement-time id becomes
@@ -46,10 +46,11 @@ BEGIN
     -- (TestCommitOrderRowWrittenAtCommitAfterRenumberedRows). Events run
     -- in the order the rows were written, so renumbering each in turn
     -- keeps that order.
+    v_guc := 'tidyconnect.order_' OPERATOR(pg_catalog.||) TG_RELID::pg_catalog.text;
     v_seen := pg_catalog.current_setting(v_guc, true);
     IF v_seen IS NOT NULL AND v_seen OPERATOR(pg_catalog.<>) '' THEN
         IF v_seen::pg_catalog.int8 OPERATOR(pg_catalog.<) 0 THEN
-            UPDATE {{.Table}} SET id = DEFAULT WHERE id = NEW.id;
+            UPDATE {{.Table}} SET id = DEFAULT WHERE id OPERATOR(pg_catalog.=) NEW.id;
             RETURN NULL;
         END IF;
         IF NEW.id OPERATOR(pg_catalog.<=) v_seen::pg_catalog.int8 THEN
@@ -63,6 +64,6 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM pg_catalog.set_config(v_guc, (OPERATOR(pg_catalog.-) v_last)::pg_catalog.text, true);
-    UPDATE {{.Table}} SET id = DEFAULT WHERE id = NEW.id;
+    UPDATE {{.Table}} SET id = DEFAULT WHERE id OPERATOR(pg_catalog.=) NEW.id;
     RETURN NULL;
 END

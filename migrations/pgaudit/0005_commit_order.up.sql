@@ -3,7 +3,11 @@
 -- so tasks reading in id order read in the order transactions entered
 -- COMMIT (docs/decisions/0046).
 -- SECURITY DEFINER: writers of the captured tables need no privilege on the
--- audit table.
+-- audit table. No SET search_path: it runs at every capturing COMMIT, and
+-- saving and restoring the setting was about a third of what commit order
+-- adds to a single-row transaction (callgrind, docs/decisions/0046). Every
+-- function, operator, type and table in the body is schema-qualified
+-- instead (TestCommitOrderIgnoresSearchPath).
 -- The body compares ids with the audit table's identity sequence, whose
 -- name PostgreSQL chose when it made the table: it is looked up here and
 -- written into the body as a literal (a regclass constant).
@@ -14,7 +18,7 @@ BEGIN
     IF v_sequence IS NULL THEN
         RAISE EXCEPTION 'the audit table % has no identity sequence on its id column', {{.TableLiteral}};
     END IF;
-    EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS %L',
+    EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS %L',
         {{.OrderLiteral}}, pg_catalog.replace({{.Body}}, '@id_sequence@', pg_catalog.quote_literal(v_sequence)));
 END
 $tidyconnect_order$;
