@@ -350,6 +350,32 @@ func checkTopicNames(cfg connect.Config, errs map[string][]string) {
 	}
 }
 
+// checkWildcardWords adds to errs, for a topic exchange in cfg (defaults
+// applied), a routing-key template whose ${partition} or ${key} is not a
+// whole dot-separated word: the queues are bound with them as '*' and '#',
+// which RabbitMQ reads as wildcards only as whole words, so a binding like
+// "orders-*" matches no record and every one came back unroutable. Like
+// checkTopicNames it is not part of validate: a connector created with such
+// a configuration must stay deletable.
+func checkWildcardWords(cfg connect.Config, errs map[string][]string) {
+	exchangeType := cfg[KeyExchangeType]
+	if t, ok := predefinedExchangeTypes[cfg[KeyExchange]]; ok {
+		exchangeType = t
+	}
+	if exchangeType != "topic" {
+		return
+	}
+	for _, w := range strings.Split(cfg[KeyRoutingKey], ".") {
+		if w == placeholderPartition || w == placeholderKey {
+			continue
+		}
+		if strings.Contains(w, placeholderPartition) || strings.Contains(w, placeholderKey) {
+			errs[KeyRoutingKey] = append(errs[KeyRoutingKey], fmt.Sprintf("on a topic exchange ${partition} and ${key} must each be a whole word between dots (e.g. ${topic}.${partition}): the queues are bound with them as the wildcards '*' and '#', which RabbitMQ does not read inside %q, so no record would be routed", w))
+			return
+		}
+	}
+}
+
 // validationError turns per-key messages into one error naming every key.
 func validationError(errs map[string][]string) error {
 	if len(errs) == 0 {

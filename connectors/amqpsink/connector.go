@@ -66,6 +66,7 @@ func (c *Connector) Validate(_ context.Context, cfg connect.Config) map[string][
 	cfg = configDef.WithDefaults(cfg)
 	errs := validate(cfg, false)
 	checkTopicNames(cfg, errs)
+	checkWildcardWords(cfg, errs)
 	return errs
 }
 
@@ -89,7 +90,9 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 		return nil
 	}
 	errs := map[string][]string{}
-	checkTopicNames(configDef.WithDefaults(cfg), errs)
+	full := configDef.WithDefaults(cfg)
+	checkTopicNames(full, errs)
+	checkWildcardWords(full, errs)
 	if err := validationError(errs); err != nil {
 		return err
 	}

@@ -823,6 +823,13 @@ func (t *Task) unpublishable(r connect.SinkRecord, msgID string, frameMax int) s
 		if len(h.Key) > maxShortString {
 			return fmt.Sprintf("its header %q… has a name of %d bytes, more than AMQP's %d", h.Key[:32], len(h.Key), maxShortString)
 		}
+		if h.Key == "CC" || h.Key == "BCC" {
+			// RabbitMQ reads these as extra routing keys (sender-selected
+			// distribution) and takes only an array of strings: a header
+			// of bytes makes it close the channel (406
+			// unacceptable_type_in_header) on every republish.
+			return fmt.Sprintf("its header %q is RabbitMQ's sender-selected routing (an array of routing keys), which the broker refuses as bytes", h.Key)
+		}
 	}
 	return ""
 }

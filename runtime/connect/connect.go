@@ -63,7 +63,9 @@ type SinkTask interface {
 	// returns, per partition, the offset of the next record to consume: every
 	// record below it is durable in the external system. The runtime commits
 	// exactly these offsets (never more) to the consumer group. A partition
-	// missing from the result is not committed.
+	// missing from the result is not committed. An error commits nothing
+	// and, unless ctx had ended, fails the task (Put is not called while
+	// no records arrive, so Flush is where a task idle on its topics fails).
 	Flush(ctx context.Context) (map[TopicPartition]int64, error)
 }
 

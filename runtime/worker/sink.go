@@ -327,8 +327,17 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 	}
 	if err != nil {
 		t.log.Error("Flush failed; offsets not committed", "error", err)
-		if isPanic(err) && s.asyncErr == nil {
+		switch {
+		case s.asyncErr != nil: // failing already
+		case isPanic(err):
 			s.asyncErr = err // the task fails: the next Flush would panic too
+		case ctx.Err() == nil:
+			// An error of the task's own, not the end of ctx, fails it as
+			// one from Put does: Put is not called on an idle topic, so a
+			// task could not fail otherwise (amqpsink giving up
+			// reconnecting in the periodic Flush stayed RUNNING forever,
+			// delivering nothing).
+			s.asyncErr = fmt.Errorf("Flush: %w", err)
 		}
 		return
 	}
