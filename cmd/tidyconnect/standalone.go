@@ -53,10 +53,18 @@ func readConnectorFile(path string) (connectorFile, error) {
 	if err != nil {
 		return connectorFile{}, fmt.Errorf("connector file %s: %w", path, err)
 	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return connectorFile{}, fmt.Errorf("connector file %s is empty; write a JSON object like {\"name\": \"...\", \"config\": {...}}", path)
+	}
 	var raw map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raw); err != nil {
 		return connectorFile{}, fmt.Errorf("connector file %s is not a JSON object like {\"name\": \"...\", \"config\": {...}}: %v", path, err)
+	}
+	// As over REST, nothing may follow the object: a second connector in
+	// the file would otherwise be ignored without a word.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return connectorFile{}, fmt.Errorf("connector file %s: unexpected data after the JSON object; write one connector per file", path)
 	}
 	var msgs []string
 	cf := connectorFile{path: path}
@@ -89,12 +97,20 @@ func readConnectorFile(path string) (connectorFile, error) {
 			cf.config[k] = s
 		}
 	}
-	if v, ok := raw["initial_state"]; ok {
+	if v, ok := raw["initial_state"]; ok && string(bytes.TrimSpace(v)) != "null" {
+		// Checked here, as REST does, so a bad file stops the start before
+		// anything (the store, the broker, other files' connectors) does.
 		var s string
 		if err := json.Unmarshal(v, &s); err != nil {
 			msgs = append(msgs, `field "initial_state" must be RUNNING, PAUSED or STOPPED`)
+		} else {
+			switch t := worker.TargetState(strings.ToUpper(strings.TrimSpace(s))); t {
+			case worker.TargetRunning, worker.TargetPaused, worker.TargetStopped:
+				cf.initial = t
+			default:
+				msgs = append(msgs, fmt.Sprintf(`field "initial_state" %q must be RUNNING, PAUSED or STOPPED`, s))
+			}
 		}
-		cf.initial = worker.TargetState(strings.ToUpper(s))
 	}
 	if len(msgs) > 0 {
 		sort.Strings(msgs)
@@ -153,12 +169,19 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 	// Bad connector files are input errors: found before anything starts.
 	var files []connectorFile
 	var fileErrs []string
+	fileOf := map[string]string{} // connector name -> the first file naming it
 	for _, p := range cfg.connectorFiles {
 		cf, err := readConnectorFile(p)
 		if err != nil {
 			fileErrs = append(fileErrs, err.Error())
 			continue
 		}
+		// The second would be taken for a stored connector and ignored.
+		if first, ok := fileOf[cf.name]; ok {
+			fileErrs = append(fileErrs, fmt.Sprintf("connector files %s and %s both name connector %q; give each connector one file", first, p, cf.name))
+			continue
+		}
+		fileOf[cf.name] = p
 		files = append(files, cf)
 	}
 	if len(fileErrs) > 0 {
@@ -190,6 +213,12 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 			eopts = append(eopts, kafka.WithSyncWrites())
 		}
 		emb, err := kafka.StartEmbedded(ctx, filepath.Join(cfg.dataDir, "kafka"), cfg.embeddedKafkaAddr, eopts...)
+		if err != nil && ctx.Err() != nil {
+			// A signal while the broker started (it replays its data
+			// first): a shutdown, not a broker that cannot start.
+			log.Info("shutting down during start-up (connectors are stopped, never deleted)")
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("starting the embedded Kafka broker (--embedded-kafka-addr: choose a free port, or 127.0.0.1:0 for any; or set --bootstrap-servers to use a cluster instead): %w", err)
 		}
@@ -320,7 +349,8 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 
 // createFromFiles creates the connectors of the connector files, keeping
 // the stored config of one that already exists. It stops at the first
-// error, a usageError naming the file, or at ctx's end.
+// error, naming the file (a usageError when the file's content is what is
+// wrong), or at ctx's end.
 func createFromFiles(ctx context.Context, h *herder.Standalone, files []connectorFile, log *slog.Logger) error {
 	for _, cf := range files {
 		if ctx.Err() != nil {
@@ -334,8 +364,12 @@ func createFromFiles(ctx context.Context, h *herder.Standalone, files []connecto
 			log.Info("connector from file already exists; keeping the stored config", "connector", cf.name, "file", cf.path)
 		case ctx.Err() != nil:
 			return err
-		default:
+		case errors.As(err, new(*herder.ConfigError)), errors.As(err, new(*herder.BadRequestError)):
 			return &usageError{fmt.Sprintf("connector file %s: %v", cf.path, err)}
+		default:
+			// Not the file's fault (the data directory cannot store it, a
+			// full disk): a runtime failure, exit 1.
+			return fmt.Errorf("connector file %s: %w", cf.path, err)
 		}
 	}
 	return nil

@@ -340,10 +340,17 @@ func (h *Standalone) recover(ctx context.Context) error {
 	// Pending deletions are completed before anything else starts.
 	for _, in := range intents {
 		c := h.get(in.Connector)
-		h.log.Info("completing a deletion recorded before the last shutdown", "connector", in.Connector, "phase", in.Phase, "attempts", in.Attempts)
-		if err := c.lock(ctx); err != nil {
-			return err
+		if ctx.Err() != nil {
+			// Start-up cut short (a signal): the caller closes the herder
+			// next. The intent stays, so the background retry or the next
+			// start completes the deletion; failing the start would not.
+			h.scheduleRetry(c, in.Attempts)
+			continue
 		}
+		h.log.Info("completing a deletion recorded before the last shutdown", "connector", in.Connector, "phase", in.Phase, "attempts", in.Attempts)
+		// c is new and only this loop locks it yet, so the lock is free.
+		// Not c.lock(ctx): once ctx has ended its select fails at random.
+		c.op <- struct{}{}
 		err := h.deleteLocked(ctx, c)
 		c.unlock()
 		if err != nil {

@@ -318,7 +318,13 @@ func normalize(m map[string]any) (map[string]any, error) {
 }
 
 func (f *File) Get(_ context.Context, connector string, partition map[string]any) (map[string]any, error) {
-	k, err := partitionKey(partition)
+	// Keyed as Put keys it, by the shape stored: the raw encoding differs
+	// for a struct value or a number a JSON round trip changes.
+	p, err := normalize(partition)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	k, err := partitionKey(p)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
