@@ -392,7 +392,7 @@ func TestUndeliveredChangesAcrossHarderColumnChanges(t *testing.T) {
 		`narrowed c map[id:1 name:abcdefghij]`,
 		`narrowed d map[id:1 name:abcdefghij]`,
 		`added c map[id:1 v:v] key map[id:1]`,
-		`retyped c map[_column_1:7 id:1 v:v] key map[id:1]`, // a's type changed; the rest keep their names
+		`retyped c map[a:7 id:1 v:v] key map[id:1]`, // a's type changed: still attribute 1, read as the int it was written as
 	}
 	for i, c := range got {
 		img := c.After

@@ -185,7 +185,8 @@ func shapeChanged(err error) bool {
 	case pe.Code == "42804", // datatype_mismatch: wrong number of columns, wrong data type
 		pe.Code == "42704",               // undefined_object: the row type is gone
 		strings.HasPrefix(pe.Code, "22"), // data exception: a narrower varchar, a renamed enum label, ...
-		strings.HasPrefix(pe.Code, "23"): // integrity: a domain's new CHECK
+		strings.HasPrefix(pe.Code, "23"), // integrity: a domain's new CHECK
+		strings.HasPrefix(pe.Code, "P0"): // a domain CHECK whose PL/pgSQL function raises
 		return true
 	case pe.Code == "XX000" && strings.Contains(pe.Message, "cache lookup failed for type"):
 		// The row type the task had read is gone: its table (a partition,
@@ -193,6 +194,39 @@ func shapeChanged(err error) bool {
 		return true
 	}
 	return false
+}
+
+// valueRefused reports whether err says a value cannot be read by its
+// type (which decodeByColumn then delivers as hex), rather than something
+// about the session (a statement timeout, a cancel, a lost connection,
+// resources): hex in its place would replace a readable value for good
+// once the change is acknowledged and deleted.
+func valueRefused(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	if shapeChanged(err) {
+		return true
+	}
+	switch pe.Code[:min(2, len(pe.Code))] {
+	case "08", // connection exception
+		"25", // invalid transaction state
+		"40", // transaction rollback
+		"53", // insufficient resources
+		"54", // program limit exceeded
+		"55", // object not in prerequisite state (a lock not available)
+		"57", // operator intervention: statement timeout, cancel, shutdown
+		"58", // system error
+		"XX": // internal error
+		return false
+	}
+	if pe.Code == "42501" { // insufficient privilege: the same for every value
+		return false
+	}
+	// Anything else comes from the value's receive function or its
+	// domain's CHECK (which may call a function that raises).
+	return true
 }
 
 // maxPairsPerCall bounds the columns rendered by one query (a bound kept
@@ -216,8 +250,13 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 	// column was dropped since it was written (columns added since come
 	// last): every name holds. Otherwise a column was dropped or changed
 	// type: only positions before the table's first dropped column still
-	// line up (and are named where the type matches); after it, a column of
-	// the same type would lend its name to a dropped neighbour's value.
+	// line up; after it, a column of the same type would lend its name to a
+	// dropped neighbour's value. Before it, position i is attribute i+1
+	// both when the image was written and now (no attribute there was ever
+	// dropped, and added ones come last), so the name holds even where the
+	// type changed: ALTER COLUMN ... TYPE keeps the attribute. That keeps
+	// the key of changes written before the usual int-to-bigint migration
+	// of a primary key.
 	limit := len(cols)
 	for i, c := range cols {
 		if i >= len(current) || current[i].oid != c.oid {
@@ -225,11 +264,23 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 			break
 		}
 	}
+	// A column of the table may itself be called _column_<n>: a second
+	// member of that name would hide one of the two values.
+	taken := map[string]bool{}
+	for _, c := range current {
+		if strings.HasPrefix(c.name, "_") {
+			taken[c.name] = true
+		}
+	}
 	names := make([]string, len(cols))
-	for i, c := range cols {
-		names[i] = "_column_" + strconv.Itoa(i+1)
-		if i < limit && current[i].oid == c.oid {
+	for i := range cols {
+		if i < limit && i < len(current) {
 			names[i] = current[i].name
+			continue
+		}
+		names[i] = "_column_" + strconv.Itoa(i+1)
+		for taken[names[i]] {
+			names[i] = "_" + names[i]
 		}
 	}
 	out := []byte{'{'}
@@ -249,19 +300,23 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 			add(members)
 			continue
 		}
-		var pe *pgconn.PgError
-		if !errors.As(err, &pe) {
+		if !valueRefused(err) {
 			return nil, err
 		}
 		for i := lo; i < hi; i++ {
 			members, err := buildObjectMembers(ctx, conn, names[i:i+1], cols[i:i+1])
 			if err != nil {
-				if !errors.As(err, &pe) {
+				if !valueRefused(err) {
 					return nil, err
 				}
 				members = appendJSONString(nil, names[i])
 				members = append(members, ':')
-				members = appendJSONString(members, `\x`+hex.EncodeToString(cols[i].value))
+				if cols[i].value == nil {
+					// A NULL stays null, whatever its type now refuses.
+					members = append(members, "null"...)
+				} else {
+					members = appendJSONString(members, `\x`+hex.EncodeToString(cols[i].value))
+				}
 			}
 			add(members)
 		}

@@ -859,7 +859,15 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			if c.after >= 0 {
 				after = decoded[c.row.image][c.after]
 			}
-			recs[i].Key, _ = t.meta[c.row.table].key(c.row.op, before, after)
+			// Still without a key column (it lost its name: its type
+			// changed, or a column before it was dropped): no key, as for
+			// a table without one. {"id":null} would be one key shared
+			// by all such changes (a compacted topic keeps only the last).
+			key, complete := t.meta[c.row.table].key(c.row.op, before, after)
+			if !complete {
+				key = nil
+			}
+			recs[i].Key = key
 		}
 	}
 	return recs, nil
@@ -902,7 +910,7 @@ func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb, captured tab
 	if out, err = decodeRowType(ctx, conn, m, imgs); err == nil || !shapeChanged(err) {
 		return out, err
 	}
-	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns that still line up by position and type keep their names, others are named _column_<n>",
+	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns that still line up by position keep their names, others are named _column_<n>",
 		"table", m.table, "changes", len(imgs), "reason", err)
 	return decodeByColumns(ctx, conn, m, imgs)
 }
@@ -1223,8 +1231,8 @@ func (t *Task) Stopped(ctx context.Context) error {
 var metaRefresh = 10 * time.Second
 
 // key is the row's primary key as a JSON object, or nil; complete is false
-// when the image lacks a key column (renamed or dropped since the key was
-// read).
+// when the image lacks a key column or has it null (renamed or dropped
+// since the key was read).
 func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete bool) {
 	if len(m.pkCols) == 0 || op == "t" {
 		return nil, true
@@ -1253,7 +1261,9 @@ func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete b
 		}
 		out = append(out, m.pkJSON[i]...)
 		out = append(out, ':')
-		if v, ok := cols[c]; ok {
+		// A key column is never null: a null under its name is another
+		// column that took the name of a renamed key column.
+		if v, ok := cols[c]; ok && string(v) != "null" {
 			out = append(out, v...)
 		} else {
 			out = append(out, "null"...)

@@ -154,7 +154,7 @@ func TestKeyBesideDeepValues(t *testing.T) {
 	deep := strings.Repeat("[", 10001) + strings.Repeat("]", 10001)
 	for _, tt := range []struct{ img, want string }{
 		{`{"j":` + deep + `,"a\"q":1,"b":"x"}`, `{"b":"x","a\"q":1}`},
-		{`{"a\"q":-1.50e3,"j":{"k" : [ "]}\\\"" ,{}]} ,"b":  null  }`, `{"b":null,"a\"q":-1.50e3}`},
+		{`{"a\"q":-1.50e3,"j":{"k" : [ "]}\\\"" ,{}]} ,"b":  false  }`, `{"b":false,"a\"q":-1.50e3}`},
 		{`{"b":{"x":[1,{"y":"}"}]},"a\"q":true}`, `{"b":{"x":[1,{"y":"}"}]},"a\"q":true}`},
 	} {
 		if k, complete := m.key("c", nil, []byte(tt.img)); string(k) != tt.want || !complete {
@@ -163,6 +163,10 @@ func TestKeyBesideDeepValues(t *testing.T) {
 	}
 	if k, complete := m.key("c", nil, []byte(`{}`)); string(k) != `{"b":null,"a\"q":null}` || complete {
 		t.Errorf("key of an image without the key columns = %s (complete %v)", k, complete)
+	}
+	// A key column is never null: null under its name is another column.
+	if _, complete := m.key("c", nil, []byte(`{"a\"q":1,"b":  null  }`)); complete {
+		t.Errorf("key of an image with a null key column is complete")
 	}
 }
 
