@@ -158,14 +158,23 @@ func decodeRowType(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs 
 	return out, nil
 }
 
+// imageError is the error of decoding the image at index of a batch.
+type imageError struct {
+	index int
+	err   error
+}
+
+func (e *imageError) Error() string { return e.err.Error() }
+func (e *imageError) Unwrap() error { return e.err }
+
 // decodeByColumns decodes each image on its own from the column types it
-// carries (see decodeByColumn).
+// carries (see decodeByColumn). An error says which image (imageError).
 func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(imgs))
 	for i, img := range imgs {
 		j, err := decodeByColumn(ctx, conn, m.columns, m.stable, img)
 		if err != nil {
-			return nil, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)
+			return nil, &imageError{i, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)}
 		}
 		out[i] = j
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -262,4 +263,32 @@ func TestPositionalNameOfAColumnCalledLikeOne(t *testing.T) {
 	if !strings.Contains(string(got[0].Value), want) {
 		t.Fatalf("record %s, want it to contain %s", got[0].Value, want)
 	}
+}
+
+// TestUndecodableChangeNamesItsAuditRow: an image nothing can read (here
+// cut short: damaged by hand) fails the Poll, is never skipped, and the
+// error names its audit row, the id an operator needs to remove it (the
+// only way past it, docs/pgaudit.md "Delivery").
+func TestUndecodableChangeNamesItsAuditRow(t *testing.T) {
+	db, tbl, r := oneTable(t, "undecodable-", `(id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'a'), (2, 'b'), (3, 'c')`)
+	var bad int64
+	if err := db.QueryRow(testCtx(t), `UPDATE `+auditTable(r)+` SET after = '\x00000005'::bytea
+		WHERE id = (SELECT id FROM `+auditTable(r)+` ORDER BY id OFFSET 1 LIMIT 1) RETURNING id`).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // and again: nothing was skipped
+		ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+		recs, err := r.tasks[0].Poll(ctx)
+		cancel()
+		if want := fmt.Sprintf("audit row %d:", bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("Poll: %d records, error %v; want an error naming %q", len(recs), err, want)
+		}
+	}
+	mustExec(t, db, `DELETE FROM `+auditTable(r)+` WHERE id = $1`, bad)
+	got := r.collect(2, true)
+	if keys := keyIDs(t, got); !slices.Equal(keys, []int64{1, 3}) {
+		t.Fatalf("after removing audit row %d: changes %v, want [1 3]", bad, keys)
+	}
+	r.quiet()
 }

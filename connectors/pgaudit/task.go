@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -726,13 +727,15 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 	// Images are decoded by the table whose row type they have: for a
 	// partitioned table, the partition the row was in.
 	images := map[tableName][][]byte{}
+	imageRows := map[tableName][]int64{} // the audit row of each image, for errors
 	imageOf := map[tableName]tableName{} // image table -> a configured table it belongs to
-	addImage := func(tb tableName, img []byte) int {
+	addImage := func(r *auditRow, img []byte) int {
 		if img == nil {
 			return -1
 		}
-		images[tb] = append(images[tb], img)
-		return len(images[tb]) - 1
+		images[r.image] = append(images[r.image], img)
+		imageRows[r.image] = append(imageRows[r.image], r.id)
+		return len(images[r.image]) - 1
 	}
 	var (
 		changes []change
@@ -757,7 +760,7 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			imageOf[r.image] = r.table
 		}
 		if r.changes == 0 {
-			changes = append(changes, change{r, 0, addImage(r.image, r.before), addImage(r.image, r.after)})
+			changes = append(changes, change{r, 0, addImage(r, r.before), addImage(r, r.after)})
 			continue
 		}
 		var befores, afters [][]byte
@@ -778,10 +781,10 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		for k := r.delivered; k < r.changes; k++ {
 			c := change{r, k, -1, -1}
 			if befores != nil {
-				c.before = addImage(r.image, befores[k])
+				c.before = addImage(r, befores[k])
 			}
 			if afters != nil {
-				c.after = addImage(r.image, afters[k])
+				c.after = addImage(r, afters[k])
 			}
 			changes = append(changes, c)
 		}
@@ -805,7 +808,14 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			for _, part := range byteBatches(imgs, decodeBatchBytes) {
 				out, err := t.decode(ctx, conn.Conn().PgConn(), tb, imageOf[tb], part)
 				if err != nil {
-					return nil, err
+					// Named so that an operator can find the change that
+					// cannot be read (docs: deleting it by id is the only
+					// way past it, and loses it).
+					ids := imageRows[tb][len(jsons) : len(jsons)+len(part)]
+					if ie := (*imageError)(nil); errors.As(err, &ie) {
+						ids = ids[ie.index : ie.index+1]
+					}
+					return nil, fmt.Errorf("a change of %s in audit %s: %w", tb, idRange(ids), err)
 				}
 				jsons = append(jsons, out...)
 			}
@@ -871,6 +881,18 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 	}
 	return recs, nil
+}
+
+// idRange names the audit rows ids holds (in ascending order): "row 7",
+// or "rows 7 to 9" when the change is one of a batch decoded together.
+func idRange(ids []int64) string {
+	if len(ids) == 0 {
+		return "rows (none)"
+	}
+	if ids[0] == ids[len(ids)-1] {
+		return "row " + strconv.FormatInt(ids[0], 10)
+	}
+	return fmt.Sprintf("rows %d to %d", ids[0], ids[len(ids)-1])
 }
 
 // decode turns row images of table tb into JSON. Images PostgreSQL no
