@@ -177,10 +177,15 @@ func TestRestartAfterClose(t *testing.T) {
 			ctx := testCtx(t)
 			running, paused, stopped := testenv.Unique("run-"), testenv.Unique("pause-"), testenv.Unique("stop-")
 			topic := testenv.Unique("t-")
-			for name, target := range map[string]worker.TargetState{running: worker.TargetRunning, paused: worker.TargetPaused, stopped: worker.TargetStopped} {
+			for name, target := range map[string]worker.TargetState{running: worker.TargetRunning, paused: worker.TargetRunning, stopped: worker.TargetStopped} {
 				if _, err := hs.h.CreateConnector(ctx, name, sourceConfig(topic, 1), target); err != nil {
 					t.Fatal(err)
 				}
+			}
+			// Paused once running (one created PAUSED starts nothing).
+			hs.awaitRunning(paused, 1)
+			if err := hs.h.Pause(ctx, paused); err != nil {
+				t.Fatal(err)
 			}
 			hs.awaitRunning(running, 1)
 			if kind == kindReal {

@@ -1191,6 +1191,17 @@ func (h *Standalone) validate(ctx context.Context, name string, cfg connect.Conf
 	return p, spec, errs
 }
 
+// addNameErr adds what is wrong with a new connector's name to errs, as an
+// error of the key "name": Kafka Connect's validate reports a bad name so,
+// and a create then names it together with the config's other errors.
+// Existing connectors are not checked again (a rule added later must not
+// lock their config).
+func addNameErr(errs map[string][]string, name string) {
+	if msg := ValidateName(name); msg != "" {
+		mergeErrs(errs, map[string][]string{KeyName: {msg}})
+	}
+}
+
 func checkTarget(t worker.TargetState) (worker.TargetState, error) {
 	switch t {
 	case "":
@@ -1275,8 +1286,9 @@ func (h *Standalone) TaskConfigs(ctx context.Context, name string) ([]TaskInfo, 
 }
 
 func (h *Standalone) CreateConnector(ctx context.Context, name string, cfg connect.Config, initial worker.TargetState) (ConnectorInfo, error) {
-	if msg := ValidateName(name); msg != "" {
-		return ConnectorInfo{}, &BadRequestError{Msg: msg}
+	// Other bad names are reported by validate, with the config's errors.
+	if strings.TrimSpace(name) == "" {
+		return ConnectorInfo{}, &BadRequestError{Msg: ValidateName(name)}
 	}
 	target, err := checkTarget(initial)
 	if err != nil {
@@ -1290,14 +1302,19 @@ func (h *Standalone) CreateConnector(ctx context.Context, name string, cfg conne
 
 func (h *Standalone) create(ctx context.Context, name string, cfg connect.Config, target worker.TargetState) (ConnectorInfo, error) {
 	p, spec, errs := h.validate(ctx, name, cfg)
+	addNameErr(errs, name)
 	if len(errs) > 0 {
 		return ConnectorInfo{}, &ConfigError{Fields: errs}
 	}
 	cfg = cfg.Clone()
 	cfg[KeyName] = name
 	now := time.Now().UTC()
+	// Created PAUSED, it is dormant: as in Kafka Connect (a WorkerConnector
+	// going from INIT to PAUSED never calls start(), and no task configs are
+	// generated while the target is not STARTED), nothing starts, neither
+	// Start (which may provision) nor tasks, until it is resumed.
 	c := &conn{name: name, op: make(chan struct{}, 1), plugin: p, spec: spec, hasPlugin: true,
-		rec: store.ConnectorRecord{Name: name, Config: cfg, Target: target, CreatedAt: now, UpdatedAt: now}}
+		rec: store.ConnectorRecord{Name: name, Config: cfg, Target: target, Dormant: target == worker.TargetPaused, CreatedAt: now, UpdatedAt: now}}
 	c.op <- struct{}{} // locked until started
 	h.mu.Lock()
 	if h.closed {
@@ -1318,7 +1335,7 @@ func (h *Standalone) create(ctx context.Context, name string, cfg connect.Config
 		return ConnectorInfo{}, fmt.Errorf("herder: persisting connector %s: %w", name, err)
 	}
 	h.logger(c).Info("connector created", "class", cfg[KeyConnectorClass], "target_state", target, "config", h.mask(c, cfg))
-	if target != worker.TargetStopped {
+	if target != worker.TargetStopped && !c.rec.Dormant {
 		sctx, done := h.startingFor(ctx, c)
 		h.startLocked(sctx, c)
 		done()
@@ -1327,8 +1344,9 @@ func (h *Standalone) create(ctx context.Context, name string, cfg connect.Config
 }
 
 func (h *Standalone) PutConnectorConfig(ctx context.Context, name string, cfg connect.Config) (ConnectorInfo, bool, error) {
-	if msg := ValidateName(name); msg != "" {
-		return ConnectorInfo{}, false, &BadRequestError{Msg: msg}
+	// Other bad names are reported by validate, with the config's errors.
+	if strings.TrimSpace(name) == "" {
+		return ConnectorInfo{}, false, &BadRequestError{Msg: ValidateName(name)}
 	}
 	var c *conn
 	var interrupted bool
@@ -2186,6 +2204,9 @@ func (h *Standalone) Validate(ctx context.Context, class string, cfg connect.Con
 		cfg[KeyConnectorClass] = class
 	}
 	_, spec, errs := h.validate(ctx, "", cfg)
+	if n := cfg[KeyName]; strings.TrimSpace(n) != "" { // blank: the required key's error
+		addNameErr(errs, n)
+	}
 	def := CommonConfigDef(spec.Type).Merge(spec.Config)
 	masked := def.Mask(cfg)
 	v := Validation{Name: p.Class}

@@ -171,8 +171,10 @@ func TestCreateRejectsBadInput(t *testing.T) {
 	}{
 		{"empty name", "", sourceConfig("t", 1), "", "must not be empty", nil},
 		{"blank name", "  ", sourceConfig("t", 1), "", "must not be empty", nil},
-		{"slash in name", "a/b", sourceConfig("t", 1), "", "'/'", nil},
-		{"control char in name", "a\nb", sourceConfig("t", 1), "", "control", nil},
+		// Other bad names are config errors of "name", named with the rest.
+		{"slash in name", "a/b", sourceConfig("t", 1), "", "", []string{KeyName}},
+		{"control char in name", "a\nb", sourceConfig("t", 1), "", "", []string{KeyName}},
+		{"bad name and bad config", "..", sourceConfig("t", 0), "", "", []string{KeyName, KeyTasksMax}},
 		{"bad initial state", "c", sourceConfig("t", 1), "SLEEPING", "initial_state", nil},
 		{"unknown class", "c", connect.Config{KeyConnectorClass: "nope.NopeConnector"}, "", "", []string{KeyConnectorClass}},
 		{"missing class", "c", connect.Config{"x": "y"}, "", "", []string{KeyConnectorClass}},
@@ -248,7 +250,8 @@ func TestInitialStatesAndStatuses(t *testing.T) {
 				tasks   int
 			}{
 				{worker.TargetRunning, sourceConfig(topic, 2), worker.StateRunning, 2},
-				{worker.TargetPaused, sourceConfig(topic, 1), worker.StatePaused, 1},
+				// Created PAUSED: nothing starts, as in Kafka Connect.
+				{worker.TargetPaused, sourceConfig(topic, 1), worker.StatePaused, 0},
 				{worker.TargetStopped, sourceConfig(topic, 1), worker.StateStopped, 0},
 				{worker.TargetRunning, sourceConfig(topic, 1, sampleconn.KeyFailStart, "true", sampleconn.KeyFailTask, "0"), worker.StateRunning, 1},
 			}

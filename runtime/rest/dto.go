@@ -278,6 +278,11 @@ func validationResult(v herder.Validation) validationDTO {
 		if val.Errors == nil {
 			val.Errors = []string{}
 		}
+		// A plugin's message may quote a connection URL or DSN, as a
+		// create's 400 may: masked alike.
+		for i, e := range val.Errors {
+			val.Errors[i] = scrub(e)
+		}
 		// The herder masks secrets; mask again so a herder bug cannot leak.
 		if val.Value != nil {
 			masked := connect.ConfigDef{k.Definition}.Mask(connect.Config{k.Definition.Name: *val.Value})[k.Definition.Name]

@@ -116,10 +116,12 @@ func (s *server) createConnector(w http.ResponseWriter, r *http.Request) error {
 	var cfg connect.Config
 	if raw, ok := fields["config"]; !ok || isNull(raw) {
 		problems = append(problems, `"config" is required: an object of string values with at least connector.class`)
-	} else if c, msgs := decodeConfig(raw, "config"); len(msgs) > 0 {
-		problems = append(problems, msgs...)
 	} else {
-		cfg = c
+		// The good keys are kept even when others are bad, so that a
+		// contradicting "name" is named in the same answer.
+		var msgs []string
+		cfg, msgs = decodeConfig(raw, "config")
+		problems = append(problems, msgs...)
 	}
 	initial := worker.TargetRunning
 	if raw, ok := fields["initial_state"]; ok && !isNull(raw) {
@@ -229,7 +231,10 @@ func (s *server) putConfig(w http.ResponseWriter, r *http.Request) error {
 	if looksLikeCreateBody(raw) {
 		msgs = []string{`PUT /connectors/{name}/config takes the config object itself ({"connector.class": "...", ...}), not {"name": ..., "config": {...}}; send that shape to POST /connectors`}
 	}
-	if len(msgs) == 0 {
+	// Also with other bad values: every bad field is named at once. cfg is
+	// nil only when the body is no object; the create shape has no name to
+	// compare.
+	if cfg != nil && !looksLikeCreateBody(raw) {
 		if msg := putName(cfg, name); msg != "" {
 			msgs = append(msgs, msg)
 		}
@@ -663,7 +668,9 @@ func readRaw(r *http.Request, want string) (json.RawMessage, error) {
 		}
 		return nil, badRequest("reading the request body failed: " + err.Error())
 	}
-	body = bytes.TrimSpace(body)
+	// A UTF-8 byte order mark (Windows tools write one) is no JSON syntax
+	// error to Kafka Connect: Jackson skips it.
+	body = bytes.TrimSpace(bytes.TrimPrefix(body, []byte("\ufeff")))
 	if len(body) == 0 {
 		return nil, badRequest("request body is empty; send " + want)
 	}

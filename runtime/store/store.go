@@ -23,9 +23,10 @@ type ConnectorRecord struct {
 	// Tasks are the task configs the connector generated last; empty while
 	// STOPPED (as in Kafka Connect, a stopped connector has no tasks).
 	Tasks []connect.Config `json:"tasks"`
-	// Dormant is set for a connector paused while STOPPED: as in Kafka
-	// Connect, it is not started (no Start, no tasks) until it is resumed,
-	// also after a restart of the worker or a config change.
+	// Dormant is set for a connector paused while STOPPED or created
+	// PAUSED: as in Kafka Connect, it is not started (no Start, no tasks)
+	// until it is resumed, also after a restart of the worker or a config
+	// change.
 	Dormant bool `json:"dormant,omitempty"`
 	// CreatedAt and UpdatedAt are informational.
 	CreatedAt time.Time `json:"created_at"`
