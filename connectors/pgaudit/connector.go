@@ -113,6 +113,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 			keyTaskCount:       fmt.Sprint(n),
 			KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
 		}
+		if s.tombstones {
+			tc[KeyTombstonesOnDelete] = "true"
+		}
 		out[i] = tc
 	}
 	return out, nil

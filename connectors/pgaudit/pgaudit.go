@@ -35,6 +35,8 @@ const (
 	KeyCaptureOrder    = "capture.order"
 	KeyCaptureLevel    = "capture.level"
 	KeySnapshotMode    = "snapshot.mode"
+	// KeyTombstonesOnDelete is Debezium's key of the same name.
+	KeyTombstonesOnDelete = "tombstones.on.delete"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -106,6 +108,8 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeySnapshotMode, Type: connect.TypeString, Default: snapshotNever, Importance: connect.ImportanceMedium, Group: "Capture", Order: 11,
 			DisplayName: "Snapshot mode", Doc: "never: only changes made after a table's capture triggers were installed are sent. initial: when a Start installs a table's capture triggers (the first Start, or the one that added the table), the rows already in it are sent first, as 'r' records, consistently with the changes that follow; writers of that table wait while its rows are copied into the audit table (see docs/pgaudit.md).",
 			Validate: oneOf(snapshotNever, snapshotInitial)},
+		{Name: KeyTombstonesOnDelete, Type: connect.TypeBoolean, Default: "false", Importance: connect.ImportanceMedium, Group: "Capture", Order: 12,
+			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a primary key is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
 	}
 }
 
@@ -145,6 +149,9 @@ type settings struct {
 	rowLevel bool
 	// snapshot: snapshot.mode = initial (docs/decisions/0070).
 	snapshot bool
+	// tombstones: tombstones.on.delete, a null-value record after each
+	// keyed delete.
+	tombstones bool
 }
 
 // capture.order and capture.level values.
@@ -201,6 +208,7 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
+	s.tombstones, _ = cfg.Bool(KeyTombstonesOnDelete, false)
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)

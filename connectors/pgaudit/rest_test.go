@@ -50,6 +50,7 @@ func TestREST(t *testing.T) {
 		{"unknown capture level", s + ".orders", pwURL, KeyCaptureLevel, func(c connect.Config) { c[KeyCaptureLevel] = "column" }},
 		{"unknown snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "always" }},
 		{"blank snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "" }},
+		{"tombstones not a boolean", s + ".orders", pwURL, KeyTombstonesOnDelete, func(c connect.Config) { c[KeyTombstonesOnDelete] = "yes" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)

@@ -123,6 +123,11 @@ type inflightRow struct {
 	delivered int    // leading changes Kafka acknowledged (or had before this read)
 	written   int    // delivered as last written to the row
 	acked     []bool // by index, beyond delivered; nil for a one-change row
+	// tombstoned holds the indexes of changes (deletes) followed by a
+	// tombstone: the tombstone's acknowledgement, not the delete's,
+	// delivers the change, so neither is lost to a restart between them
+	// (they may be in different batches).
+	tombstoned map[int]bool
 }
 
 // Start connects (a small pool and a LISTEN connection, both named by
@@ -659,6 +664,15 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		t.inflight[r.id] = row
 	}
+	for _, rec := range recs {
+		if rec.Value == nil { // a tombstone (every other record has a value)
+			row := t.inflight[offsetInt(rec.SourceOffset["id"])]
+			if row.tombstoned == nil {
+				row.tombstoned = map[int]bool{}
+			}
+			row.tombstoned[int(offsetInt(rec.SourceOffset["idx"]))] = true
+		}
+	}
 	t.buffered = recs
 	return t.takeBuffered(), nil
 }
@@ -880,6 +894,22 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			recs[i].Key = key
 		}
 	}
+	if t.s.tombstones {
+		// Debezium's tombstones.on.delete: after a delete, the key with a
+		// null value, so that log compaction can drop every record of the
+		// key. A change without a key (no primary key, or it lost its
+		// key column) has nothing to compact.
+		out := make([]connect.SourceRecord, 0, len(recs)+len(recs)/4)
+		for i, rec := range recs {
+			out = append(out, rec)
+			if changes[i].row.op == "d" && rec.Key != nil {
+				tomb := rec
+				tomb.Value = nil
+				out = append(out, tomb)
+			}
+		}
+		recs = out
+	}
 	return recs, nil
 }
 
@@ -1094,6 +1124,9 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		row := t.inflight[id]
 		if row == nil {
 			continue
+		}
+		if r.Value != nil && row.tombstoned[idx] {
+			continue // delivered with its tombstone, which follows it
 		}
 		if row.acked == nil {
 			row.delivered = row.changes
