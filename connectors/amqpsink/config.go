@@ -32,6 +32,8 @@ const (
 	KeyMaxMessageBytes  = "rabbitmq.max.message.bytes"
 	KeyErrorsTolerance  = "errors.tolerance"
 	KeyDLQTopic         = "errors.deadletterqueue.topic.name"
+	// KeyNullValues is the name Confluent's sinks use for the same choice.
+	KeyNullValues = "behavior.on.null.values"
 )
 
 // Resource kinds recorded in the ledger.
@@ -190,7 +192,23 @@ var configDef = connect.ConfigDef{
 		Validate: oneOf("none", "all")},
 	{Name: KeyDLQTopic, Type: connect.TypeString, Importance: connect.ImportanceMedium, Group: "Error Handling", Order: 14,
 		Doc: "Dead-letter topic for undeliverable records (with errors.tolerance=all)."},
+	{Name: KeyNullValues, Type: connect.TypeString, Default: nullPublish, Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 16,
+		Recommended: []string{nullPublish, nullIgnore, nullFail}, Doc: "What a record with a null value (a tombstone, as a CDC source sends after a delete) becomes. publish: a message with an empty body (its key still routes it and is in the message's headers as any record's). ignore: nothing; its offset is committed. fail: it is reported under errors.tolerance (the task fails, or the record goes to the dead-letter topic).",
+		Validate: func(v string) error {
+			switch v {
+			case nullPublish, nullIgnore, nullFail:
+				return nil
+			}
+			return fmt.Errorf("must be %q, %q or %q", nullPublish, nullIgnore, nullFail)
+		}},
 }
+
+// behavior.on.null.values values.
+const (
+	nullPublish = "publish"
+	nullIgnore  = "ignore"
+	nullFail    = "fail"
+)
 
 // Upper bounds: notification buffers are sized by the in-flight window,
 // and a reconnect timeout in milliseconds must fit a time.Duration.
@@ -257,6 +275,7 @@ type settings struct {
 	maxInFlight  int
 	maxMessage   int
 	reconnect    time.Duration
+	nullValues   string // nullPublish, nullIgnore or nullFail
 }
 
 // validate returns the error messages per key for cfg (defaults applied):
@@ -410,6 +429,7 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 		queueType:    cfg[KeyQueueType],
 		routingTmpl:  cfg[KeyRoutingKey],
 		contentType:  cfg[KeyContentType],
+		nullValues:   cfg[KeyNullValues],
 	}
 	if s.exchange == "" {
 		s.exchange = connector

@@ -752,6 +752,22 @@ func (t *Task) Put(ctx context.Context, records []connect.SinkRecord) (err error
 		p.entries = append(p.entries, e)
 		p.next = r.Offset + 1
 		t.mu.Unlock()
+		if r.Value == nil && t.s.nullValues == nullIgnore {
+			// Resolved without a message: Flush's offsets pass it.
+			t.mu.Lock()
+			e.state = stateSkipped
+			e.part.trimLocked()
+			t.signalLocked()
+			t.mu.Unlock()
+			continue
+		}
+		if r.Value == nil && t.s.nullValues == nullFail {
+			t.mu.Lock()
+			e.state, e.err = stateFailed, fmt.Errorf("message %s has a null value (a tombstone) and %s=%s", e.msgID, KeyNullValues, nullFail)
+			t.failed = append(t.failed, e)
+			t.mu.Unlock()
+			continue
+		}
 		if reason := t.unpublishable(r, e.msgID, sess.conn.Config.FrameSize); reason != "" {
 			// The client would fail the frame and close the connection:
 			// every reconnect would republish and fail again.
