@@ -300,7 +300,10 @@ type collector struct {
 	mu    sync.Mutex
 	msgs  []change
 	bad   []string
-	done  chan struct{}
+	// arrivals is what came, in order: a change's kind, or "other" for a
+	// body that is not a change (a tombstone's empty one).
+	arrivals []string
+	done     chan struct{}
 }
 
 func (c *chain) collect(queue string) *collector {
@@ -327,9 +330,11 @@ func (c *chain) collect(queue string) *collector {
 			col.mu.Lock()
 			if err != nil {
 				col.bad = append(col.bad, string(d.Body))
+				col.arrivals = append(col.arrivals, "other")
 			} else {
 				m.raw = d.Body
 				col.msgs = append(col.msgs, m)
+				col.arrivals = append(col.arrivals, m.kind())
 			}
 			col.mu.Unlock()
 		}
@@ -345,6 +350,13 @@ func (col *collector) snapshot() ([]change, []string) {
 	col.mu.Lock()
 	defer col.mu.Unlock()
 	return slices.Clone(col.msgs), slices.Clone(col.bad)
+}
+
+// order is what arrived, in order (see arrivals).
+func (col *collector) order() []string {
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	return slices.Clone(col.arrivals)
 }
 
 // byRow groups the received changes per row id, in arrival order.
