@@ -116,6 +116,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		if s.tombstones {
 			tc[KeyTombstonesOnDelete] = "true"
 		}
+		if len(s.keyColumns) > 0 {
+			tc[KeyMessageKeyColumns] = s.keyColumnsRaw
+		}
 		out[i] = tc
 	}
 	return out, nil
@@ -219,6 +222,32 @@ func functionRes(db, schema, function string) connect.Resource {
 
 func triggerRes(db string, t tableName, trigger string) connect.Resource {
 	return connect.Resource{Kind: KindTrigger, Name: trigger, Location: db + "/" + t.quoted()}
+}
+
+// checkKeyColumns reports each message.key.columns column that its table
+// lacks (the tables themselves were checked).
+func checkKeyColumns(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, s settings) (problems []string, err error) {
+	for _, t := range sortedTables(s.keyColumns) {
+		rows, err := q.Query(ctx, `SELECT c.name FROM unnest($3::text[]) WITH ORDINALITY AS c(name, ord)
+WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                  JOIN pg_catalog.pg_class r ON r.oid = a.attrelid
+                  JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
+                  WHERE ns.nspname = $1 AND r.relname = $2 AND a.attname = c.name AND a.attnum > 0 AND NOT a.attisdropped)
+ORDER BY c.ord`, t.Schema, t.Name, s.keyColumns[t])
+		if err != nil {
+			return nil, fmt.Errorf("checking %s: %w", KeyMessageKeyColumns, err)
+		}
+		missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("checking %s: %w", KeyMessageKeyColumns, err)
+		}
+		for _, c := range missing {
+			problems = append(problems, fmt.Sprintf("table %s has no column %q: name one of its columns", t.quoted(), c))
+		}
+	}
+	return problems, nil
 }
 
 // checkTables reports, per configured table, why it cannot be captured,
@@ -445,6 +474,13 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 			errs[KeyURL] = append(errs[KeyURL], err.Error())
 		}
 		errs[KeyTables] = append(errs[KeyTables], problems...)
+		if len(problems) == 0 && err == nil {
+			keyProblems, err := checkKeyColumns(ctx, conn, s)
+			if err != nil {
+				errs[KeyURL] = append(errs[KeyURL], err.Error())
+			}
+			errs[KeyMessageKeyColumns] = append(errs[KeyMessageKeyColumns], keyProblems...)
+		}
 	}
 	if p, err := checkAuditSchema(ctx, conn, s); err != nil {
 		errs[KeyURL] = append(errs[KeyURL], err.Error())
@@ -576,6 +612,15 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 	// validation) says which setting is at fault.
 	for i, p := range problems {
 		problems[i] = KeyTables + ": " + p
+	}
+	if len(problems) == 0 {
+		keyProblems, err := checkKeyColumns(ctx, tx, s)
+		if err != nil {
+			return err
+		}
+		for _, p := range keyProblems {
+			problems = append(problems, KeyMessageKeyColumns+": "+p)
+		}
 	}
 	if s.rowLevel {
 		for _, t := range s.tables {

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -37,6 +38,8 @@ const (
 	KeySnapshotMode    = "snapshot.mode"
 	// KeyTombstonesOnDelete is Debezium's key of the same name.
 	KeyTombstonesOnDelete = "tombstones.on.delete"
+	// KeyMessageKeyColumns is Debezium's key of the same name.
+	KeyMessageKeyColumns = "message.key.columns"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -110,6 +113,9 @@ func ConfigDef() connect.ConfigDef {
 			Validate: oneOf(snapshotNever, snapshotInitial)},
 		{Name: KeyTombstonesOnDelete, Type: connect.TypeBoolean, Default: "false", Importance: connect.ImportanceMedium, Group: "Capture", Order: 12,
 			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a primary key is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
+		{Name: KeyMessageKeyColumns, Type: connect.TypeString, Importance: connect.ImportanceLow, Group: "Capture", Order: 13,
+			DisplayName: "Message key columns", Doc: `The columns that make a table's record key instead of its primary key, or for a table without one (as Debezium's key of this name, with literal names instead of patterns): <table>:<column>[,<column>...], tables separated by ';', each table one of tables and named as there; double-quote a name that contains '.', ',', ';', ':' or '"'. Their values may be null.`,
+			Validate: func(v string) error { _, err := parseKeyColumns(v); return err }},
 	}
 }
 
@@ -152,6 +158,10 @@ type settings struct {
 	// tombstones: tombstones.on.delete, a null-value record after each
 	// keyed delete.
 	tombstones bool
+	// keyColumns: message.key.columns, the record key's columns of the
+	// tables listed there (in place of the primary key).
+	keyColumns    map[tableName][]string
+	keyColumnsRaw string
 }
 
 // capture.order and capture.level values.
@@ -209,6 +219,15 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
 	s.tombstones, _ = cfg.Bool(KeyTombstonesOnDelete, false)
+	if len(errs[KeyMessageKeyColumns]) == 0 {
+		s.keyColumns, _ = parseKeyColumns(cfg[KeyMessageKeyColumns])
+		s.keyColumnsRaw = cfg[KeyMessageKeyColumns]
+		for _, t := range sortedTables(s.keyColumns) {
+			if len(errs[KeyTables]) == 0 && !slices.Contains(s.tables, t) {
+				errs[KeyMessageKeyColumns] = append(errs[KeyMessageKeyColumns], fmt.Sprintf("table %s is not one of %s: list it there, or remove it here", t.quoted(), KeyTables))
+			}
+		}
+	}
 	s.tasksMax, _ = cfg.Int(KeyTasksMax, 1)
 	s.pollMax, _ = cfg.Int(KeyPollMaxRecords, 1000)
 	s.pollInterval, _ = cfg.Int(KeyPollIntervalMS, 1000)

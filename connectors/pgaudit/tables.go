@@ -294,3 +294,102 @@ func cutQuoted(s string) (name, rest string, ok bool) {
 func compareTables(a, b tableName) int {
 	return cmp.Or(strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name))
 }
+
+// splitOutsideQuotes splits s at each sep outside double quotes (a doubled
+// quote inside a quoted name toggles twice: still inside).
+func splitOutsideQuotes(s string, sep rune) ([]string, error) {
+	var (
+		out []string
+		cur strings.Builder
+		inQ bool
+	)
+	for _, r := range s {
+		switch {
+		case r == '"':
+			inQ = !inQ
+			cur.WriteRune(r)
+		case r == sep && !inQ:
+			out = append(out, cur.String())
+			cur.Reset()
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if inQ {
+		return nil, fmt.Errorf("unterminated double quote")
+	}
+	return append(out, cur.String()), nil
+}
+
+// parseKeyColumns parses message.key.columns, Debezium's syntax with
+// literal names: entries separated by ';', each a table as in tables, ':'
+// and its key columns separated by ','. Names are quoted as in tables
+// (double quotes around a name that contains '.', ',', ';', ':' or '"').
+func parseKeyColumns(s string) (map[tableName][]string, error) {
+	out := map[tableName][]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	entries, err := splitOutsideQuotes(s, ';')
+	if err != nil {
+		return nil, err
+	}
+	var bad []string
+	for _, e := range entries {
+		if strings.TrimSpace(e) == "" {
+			bad = append(bad, "an empty entry between semicolons")
+			continue
+		}
+		parts, err := splitOutsideQuotes(e, ':')
+		if err != nil || len(parts) != 2 {
+			bad = append(bad, fmt.Sprintf("%q: expected <table>:<column>[,<column>...]", strings.TrimSpace(e)))
+			continue
+		}
+		tables, err := parseTables(parts[0])
+		if err != nil || len(tables) != 1 {
+			bad = append(bad, fmt.Sprintf("%q: expected one table before ':', as in tables", strings.TrimSpace(parts[0])))
+			continue
+		}
+		t := tables[0]
+		if _, dup := out[t]; dup {
+			bad = append(bad, fmt.Sprintf("table %s listed twice", t.quoted()))
+			continue
+		}
+		items, err := splitTopLevel(parts[1])
+		if err != nil || len(items) == 0 {
+			bad = append(bad, fmt.Sprintf("%q: expected the key's column names after ':', separated by commas", strings.TrimSpace(e)))
+			continue
+		}
+		var cols []string
+		for _, it := range items {
+			p, err := splitParts(it)
+			switch {
+			case err != nil:
+				bad = append(bad, fmt.Sprintf("%q: %v", it, err))
+			case len(p) != 1:
+				bad = append(bad, fmt.Sprintf("%q: a column name (quote a name that contains '.')", it))
+			case slices.Contains(cols, p[0]):
+				bad = append(bad, fmt.Sprintf("column %q listed twice for %s", p[0], t.quoted()))
+			default:
+				cols = append(cols, p[0])
+			}
+		}
+		out[t] = cols
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%s", strings.Join(bad, "; "))
+	}
+	return out, nil
+}
+
+// sortedTables returns m's tables in name order (for stable messages).
+func sortedTables[V any](m map[tableName]V) []tableName {
+	out := make([]tableName, 0, len(m))
+	for t := range m {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b tableName) int {
+		return cmp.Or(cmp.Compare(a.Schema, b.Schema), cmp.Compare(a.Name, b.Name))
+	})
+	return out
+}

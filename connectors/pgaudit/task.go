@@ -104,6 +104,9 @@ type tableMeta struct {
 	source    []byte   // `{"connector":..,"db":..,"schema":..,"table":..,`
 	pkJSON    [][]byte // quoted primary-key column names; nil: no key
 	pkCols    []string
+	// customKey: pkCols come from message.key.columns, whose values may
+	// be null (a primary key's never are).
+	customKey bool
 
 	// rowType and arrayType are the OIDs of the table's row type and its
 	// array type (0 when the table is gone); columns its live columns. The
@@ -313,7 +316,12 @@ LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names,
 		if _, known := t.meta[tb]; known && keepGone && rowType == 0 {
 			continue
 		}
+		cols, custom := t.s.keyColumns[tb]
+		if custom {
+			pk = cols
+		}
 		m := t.newMeta(tb, pk)
+		m.customKey = custom
 		m.rowType, m.arrayType = uint32(rowType), uint32(arrayType)
 		m.stable = int(stable)
 		for i, n := range colNames {
@@ -1316,9 +1324,9 @@ func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete b
 		}
 		out = append(out, m.pkJSON[i]...)
 		out = append(out, ':')
-		// A key column is never null: a null under its name is another
-		// column that took the name of a renamed key column.
-		if v, ok := cols[c]; ok && string(v) != "null" {
+		// A primary-key column is never null: a null under its name is
+		// another column that took the name of a renamed key column.
+		if v, ok := cols[c]; ok && (m.customKey || string(v) != "null") {
 			out = append(out, v...)
 		} else {
 			out = append(out, "null"...)
