@@ -119,6 +119,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		if len(s.keyColumns) > 0 {
 			tc[KeyMessageKeyColumns] = s.keyColumnsRaw
 		}
+		if len(s.excluded) > 0 {
+			tc[KeyColumnExcludeList] = s.excludedRaw
+		}
 		out[i] = tc
 	}
 	return out, nil
@@ -230,16 +233,7 @@ func checkKeyColumns(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, s settings) (problems []string, err error) {
 	for _, t := range sortedTables(s.keyColumns) {
-		rows, err := q.Query(ctx, `SELECT c.name FROM unnest($3::text[]) WITH ORDINALITY AS c(name, ord)
-WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
-                  JOIN pg_catalog.pg_class r ON r.oid = a.attrelid
-                  JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
-                  WHERE ns.nspname = $1 AND r.relname = $2 AND a.attname = c.name AND a.attnum > 0 AND NOT a.attisdropped)
-ORDER BY c.ord`, t.Schema, t.Name, s.keyColumns[t])
-		if err != nil {
-			return nil, fmt.Errorf("checking %s: %w", KeyMessageKeyColumns, err)
-		}
-		missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		missing, err := missingColumns(ctx, q, t, s.keyColumns[t])
 		if err != nil {
 			return nil, fmt.Errorf("checking %s: %w", KeyMessageKeyColumns, err)
 		}
@@ -248,6 +242,40 @@ ORDER BY c.ord`, t.Schema, t.Name, s.keyColumns[t])
 		}
 	}
 	return problems, nil
+}
+
+// checkExcludedColumns reports each column.exclude.list column that its
+// table lacks (a typo would leave the column in the records).
+func checkExcludedColumns(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, s settings) (problems []string, err error) {
+	for _, t := range sortedTables(s.excluded) {
+		cols := slices.Sorted(maps.Keys(s.excluded[t]))
+		missing, err := missingColumns(ctx, q, t, cols)
+		if err != nil {
+			return nil, fmt.Errorf("checking %s: %w", KeyColumnExcludeList, err)
+		}
+		for _, c := range missing {
+			problems = append(problems, fmt.Sprintf("table %s has no column %q: name one of its columns", t.quoted(), c))
+		}
+	}
+	return problems, nil
+}
+
+// missingColumns returns those of cols that table t lacks, in order.
+func missingColumns(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, t tableName, cols []string) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT c.name FROM unnest($3::text[]) WITH ORDINALITY AS c(name, ord)
+WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                  JOIN pg_catalog.pg_class r ON r.oid = a.attrelid
+                  JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
+                  WHERE ns.nspname = $1 AND r.relname = $2 AND a.attname = c.name AND a.attnum > 0 AND NOT a.attisdropped)
+ORDER BY c.ord`, t.Schema, t.Name, cols)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // checkTables reports, per configured table, why it cannot be captured,
@@ -480,6 +508,11 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 				errs[KeyURL] = append(errs[KeyURL], err.Error())
 			}
 			errs[KeyMessageKeyColumns] = append(errs[KeyMessageKeyColumns], keyProblems...)
+			exProblems, err := checkExcludedColumns(ctx, conn, s)
+			if err != nil {
+				errs[KeyURL] = append(errs[KeyURL], err.Error())
+			}
+			errs[KeyColumnExcludeList] = append(errs[KeyColumnExcludeList], exProblems...)
 		}
 	}
 	if p, err := checkAuditSchema(ctx, conn, s); err != nil {
@@ -620,6 +653,13 @@ func provision(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host)
 		}
 		for _, p := range keyProblems {
 			problems = append(problems, KeyMessageKeyColumns+": "+p)
+		}
+		exProblems, err := checkExcludedColumns(ctx, tx, s)
+		if err != nil {
+			return err
+		}
+		for _, p := range exProblems {
+			problems = append(problems, KeyColumnExcludeList+": "+p)
 		}
 	}
 	if s.rowLevel {

@@ -40,6 +40,8 @@ const (
 	KeyTombstonesOnDelete = "tombstones.on.delete"
 	// KeyMessageKeyColumns is Debezium's key of the same name.
 	KeyMessageKeyColumns = "message.key.columns"
+	// KeyColumnExcludeList is Debezium's key of the same name.
+	KeyColumnExcludeList = "column.exclude.list"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -116,6 +118,9 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyMessageKeyColumns, Type: connect.TypeString, Importance: connect.ImportanceLow, Group: "Capture", Order: 13,
 			DisplayName: "Message key columns", Doc: `The columns that make a table's record key instead of its primary key, or for a table without one (as Debezium's key of this name, with literal names instead of patterns): <table>:<column>[,<column>...], tables separated by ';', each table one of tables and named as there; double-quote a name that contains '.', ',', ';', ':' or '"'. Their values may be null.`,
 			Validate: func(v string) error { _, err := parseKeyColumns(v); return err }},
+		{Name: KeyColumnExcludeList, Type: connect.TypeList, Importance: connect.ImportanceLow, Group: "Capture", Order: 14,
+			DisplayName: "Excluded columns", Doc: `Columns left out of the records' before and after images (as Debezium's key of this name, with literal names instead of patterns): comma-separated schema.table.column (table.column means public), each table one of tables; double-quote a name that contains '.', ',' or '"'. The record key still holds its columns.`,
+			Validate: func(v string) error { _, err := parseExcludedColumns(v); return err }},
 	}
 }
 
@@ -162,6 +167,10 @@ type settings struct {
 	// tables listed there (in place of the primary key).
 	keyColumns    map[tableName][]string
 	keyColumnsRaw string
+	// excluded: column.exclude.list, per table the columns left out of
+	// the images.
+	excluded    map[tableName]map[string]bool
+	excludedRaw string
 }
 
 // capture.order and capture.level values.
@@ -219,6 +228,15 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
 	s.tombstones, _ = cfg.Bool(KeyTombstonesOnDelete, false)
+	if len(errs[KeyColumnExcludeList]) == 0 {
+		s.excluded, _ = parseExcludedColumns(cfg[KeyColumnExcludeList])
+		s.excludedRaw = cfg[KeyColumnExcludeList]
+		for _, t := range sortedTables(s.excluded) {
+			if len(errs[KeyTables]) == 0 && !slices.Contains(s.tables, t) {
+				errs[KeyColumnExcludeList] = append(errs[KeyColumnExcludeList], fmt.Sprintf("table %s is not one of %s: list it there, or remove its columns here", t.quoted(), KeyTables))
+			}
+		}
+	}
 	if len(errs[KeyMessageKeyColumns]) == 0 {
 		s.keyColumns, _ = parseKeyColumns(cfg[KeyMessageKeyColumns])
 		s.keyColumnsRaw = cfg[KeyMessageKeyColumns]

@@ -54,6 +54,8 @@ func TestREST(t *testing.T) {
 		{"malformed key columns", s + ".orders", pwURL, KeyMessageKeyColumns, func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".orders" }},
 		{"key columns of a table not captured", s + ".orders", pwURL, "is not one of tables", func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".other:id" }},
 		{"key column missing", s + ".orders", pwURL, `has no column \"nope\"`, func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".orders:id,nope" }},
+		{"excluded column missing", s + ".orders", pwURL, KeyColumnExcludeList, func(c connect.Config) { c[KeyColumnExcludeList] = s + ".orders.nope" }},
+		{"excluded column of a table not captured", s + ".orders", pwURL, "is not one of tables", func(c connect.Config) { c[KeyColumnExcludeList] = s + ".other.id" }},
 	}
 	for _, tt := range bad {
 		cfg := baseConfig(testenv.Unique("rest-bad-"), tt.url, audit, tt.tables)

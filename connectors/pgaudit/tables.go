@@ -393,3 +393,44 @@ func sortedTables[V any](m map[tableName]V) []tableName {
 	})
 	return out
 }
+
+// parseExcludedColumns parses column.exclude.list: comma-separated
+// schema.table.column (table.column means public), names quoted as in
+// tables.
+func parseExcludedColumns(s string) (map[tableName]map[string]bool, error) {
+	out := map[tableName]map[string]bool{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	items, err := splitTopLevel(s)
+	if err != nil {
+		return nil, err
+	}
+	var bad []string
+	for _, it := range items {
+		p, err := splitParts(it)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%q: %v", it, err))
+			continue
+		}
+		var t tableName
+		var col string
+		switch len(p) {
+		case 2:
+			t, col = tableName{"public", p[0]}, p[1]
+		case 3:
+			t, col = tableName{p[0], p[1]}, p[2]
+		default:
+			bad = append(bad, fmt.Sprintf("%q: expected schema.table.column or table.column, got %d dot-separated parts (quote a name that contains '.')", it, len(p)))
+			continue
+		}
+		if out[t] == nil {
+			out[t] = map[string]bool{}
+		}
+		out[t][col] = true
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("%s", strings.Join(bad, "; "))
+	}
+	return out, nil
+}

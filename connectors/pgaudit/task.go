@@ -107,6 +107,9 @@ type tableMeta struct {
 	// customKey: pkCols come from message.key.columns, whose values may
 	// be null (a primary key's never are).
 	customKey bool
+	// excluded: column.exclude.list's columns of the table, left out of
+	// the images (not out of the key).
+	excluded map[string]bool
 
 	// rowType and arrayType are the OIDs of the table's row type and its
 	// array type (0 when the table is gone); columns its live columns. The
@@ -322,6 +325,7 @@ LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names,
 		}
 		m := t.newMeta(tb, pk)
 		m.customKey = custom
+		m.excluded = t.s.excluded[tb]
 		m.rowType, m.arrayType = uint32(rowType), uint32(arrayType)
 		m.stable = int(stable)
 		for i, n := range colNames {
@@ -1340,6 +1344,34 @@ func (m *tableMeta) key(op string, before, after []byte) (key []byte, complete b
 // the JSON object obj (as PostgreSQL renders it), without parsing the
 // values; it reports false if obj is not such an object.
 func objectMembers(obj []byte, f func(name string, value []byte)) bool {
+	return walkObject(obj, func(name string, member []byte, value int) { f(name, member[value:]) })
+}
+
+// withoutMembers returns obj without the members named in drop, written
+// back byte for byte as they were (no re-encoding of names or values).
+// An object it cannot read is returned as it is.
+func withoutMembers(obj []byte, drop map[string]bool) []byte {
+	out := make([]byte, 0, len(obj))
+	out = append(out, '{')
+	ok := walkObject(obj, func(name string, member []byte, _ int) {
+		if drop[name] {
+			return
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, member...)
+	})
+	if !ok {
+		return obj
+	}
+	return append(out, '}')
+}
+
+// walkObject calls f with each member of the JSON object obj: its name,
+// the member's bytes from its name's opening quote to its value's end,
+// and where in them the value starts.
+func walkObject(obj []byte, f func(name string, member []byte, value int)) bool {
 	p := skipJSONSpace(obj, 0)
 	if p >= len(obj) || obj[p] != '{' {
 		return false
@@ -1352,6 +1384,7 @@ func objectMembers(obj []byte, f func(name string, value []byte)) bool {
 		if p >= len(obj) || obj[p] != '"' {
 			return false
 		}
+		p0 := p
 		end := jsonStringEnd(obj, p)
 		var name string
 		if end < 0 || json.Unmarshal(obj[p:end], &name) != nil {
@@ -1361,12 +1394,13 @@ func objectMembers(obj []byte, f func(name string, value []byte)) bool {
 		if p >= len(obj) || obj[p] != ':' {
 			return false
 		}
+		nameStart := p0
 		start := skipJSONSpace(obj, p+1)
 		end = jsonValueEnd(obj, start)
 		if end <= start {
 			return false
 		}
-		f(name, obj[start:end])
+		f(name, obj[nameStart:end], start-nameStart)
 		p = skipJSONSpace(obj, end)
 		if p >= len(obj) {
 			return false
@@ -1435,6 +1469,14 @@ func jsonValueEnd(b []byte, p int) int {
 // envelope is the record value:
 // {"op","before","after","source":{connector,db,schema,table,txid,seq},"ts_ms"}.
 func (m *tableMeta) envelope(op string, before, after []byte, txid string, seq, tsMS int64) []byte {
+	if len(m.excluded) > 0 {
+		if before != nil {
+			before = withoutMembers(before, m.excluded)
+		}
+		if after != nil {
+			after = withoutMembers(after, m.excluded)
+		}
+	}
 	out := make([]byte, 0, 96+len(m.source)+len(before)+len(after))
 	out = append(out, `{"op":"`...)
 	out = append(out, op...)
