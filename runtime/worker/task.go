@@ -408,6 +408,12 @@ func (t *taskInstance) runTask() {
 		}
 		final() // final offset commit, close Kafka clients
 	}
+	// The dead letter queue producer goes with the instance however it
+	// ended: a task may Report from Start, and a Start that then failed (or
+	// a cleanup-only task) runs no sink loop whose final step closes it.
+	if r, ok := t.host.Errors.(*errantReporter); ok {
+		r.close()
+	}
 	close(t.finalDone)
 	t.mu.Lock()
 	needStop := !t.stopCalled

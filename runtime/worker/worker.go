@@ -433,24 +433,29 @@ func (w *Worker) StartConnector(ctx context.Context, run ConnectorRun) error {
 		}
 		break
 	}
+	// Marked started (and counted in w.wg) before it is listed, under
+	// w.mu: a Close that lists it then stops it, waiting for its Start;
+	// marked only after, a Close in between forgot it as never started
+	// and its Start ran on, RUNNING on a closed worker.
+	start := run.Target != TargetStopped || run.CleanupOnly
+	c.started = start
+	if start {
+		w.wg.Add(1)
+	}
 	w.connectors[run.Name] = c
 	w.mu.Unlock()
 
-	if run.Target == TargetStopped && !run.CleanupOnly {
+	if !start {
 		close(c.startDone)
 		c.setStatus(w, Status{State: StateStopped})
 		return nil
 	}
-	c.mu.Lock()
-	c.started = true
-	c.mu.Unlock()
 	host.Logger.Info("starting connector", "class", class, "cleanup_only", run.CleanupOnly)
 	// Start is bounded by the caller's ctx: cancelling it interrupts Start
 	// like a Stop would. A Start that ignores that keeps running in its own
 	// goroutine (Close waits for it) and the caller gets an error.
 	stopWatch := context.AfterFunc(ctx, cancel)
 	result := make(chan error, 1)
-	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
 		err := guard("Start", func() error { return conn.Start(c.ctx, run.Config.Clone()) })

@@ -1,0 +1,98 @@
+package kafka
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func allStacks() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Split(string(buf[:n]), "\n\n")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+func goroutineID(stack string) string {
+	f := strings.Fields(stack) // "goroutine 123 [state]:"
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
+}
+
+func goroutineSnapshot() map[string]bool {
+	ids := map[string]bool{}
+	for _, g := range allStacks() {
+		ids[goroutineID(g)] = true
+	}
+	return ids
+}
+
+// awaitNoNewFranzGoroutines waits until no goroutine started since before
+// runs franz-go code (the embedded broker's or a client's).
+func awaitNoNewFranzGoroutines(t *testing.T, before map[string]bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var left []string
+		for _, g := range allStacks() {
+			if !before[goroutineID(g)] && !strings.Contains(g, "_test.go") && strings.Contains(g, "twmb/franz-go") {
+				left = append(left, g)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutine(s) outlived %s:\n%s", len(left), what, strings.Join(left, "\n\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The embedded broker, used and closed, and a start that fails (its port
+// is taken) leave no goroutine of the broker behind.
+func TestLeakEmbeddedBroker(t *testing.T) {
+	logger := slog.New(slog.DiscardHandler)
+	before := goroutineSnapshot()
+	e, err := StartEmbedded(testCtx(t), t.TempDir(), "127.0.0.1:0", WithEmbeddedLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := NewClient(e.Addrs(), nil, kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(testCtx(t), &kgo.Record{Topic: "leak", Value: []byte("v")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+
+	// A second broker on the same port fails to start.
+	_, port, _ := net.SplitHostPort(e.Addrs()[0])
+	if e2, err := StartEmbedded(testCtx(t), t.TempDir(), "127.0.0.1:"+port, WithEmbeddedLogger(logger)); err == nil {
+		e2.Close()
+		t.Fatal("a second broker on a taken port started")
+	}
+	e.Close()
+	awaitNoNewFranzGoroutines(t, before, "the embedded broker's Close")
+
+	// Started with a context that ends at once.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := StartEmbedded(ctx, t.TempDir(), "127.0.0.1:0", WithEmbeddedLogger(logger)); err == nil {
+		t.Fatal("StartEmbedded with an ended context succeeded")
+	}
+	awaitNoNewFranzGoroutines(t, before, "a failed start")
+}
