@@ -712,3 +712,131 @@ func keys(m map[string]bool) []string {
 	slices.Sort(out)
 	return out
 }
+
+// TestDocsComposeExecFromStdinHasNoTTY checks the docs' and scripts'
+// `docker compose exec` commands that read a heredoc, a file or a pipe:
+// compose allocates a TTY whenever its stdout is a terminal, and the docker
+// CLI then refuses redirected input ("the input device is not a TTY")
+// unless -T is given.
+func TestDocsComposeExecFromStdinHasNoTTY(t *testing.T) {
+	files := []string{filepath.Join(repoRoot, "README.md")}
+	for _, pattern := range []string{"docs/*.md", "docs/decisions/*.md", "scripts/*.sh"} {
+		m, _ := filepath.Glob(filepath.Join(repoRoot, pattern))
+		files = append(files, m...)
+	}
+	checked := 0
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(b)
+		if strings.HasSuffix(f, ".md") {
+			text = codeBlocks(text)
+		}
+		for _, cmd := range composeExecsFromStdin(text) {
+			checked++
+			if !composeExecNoTTY(cmd) {
+				t.Errorf("%s: %q feeds `docker compose exec` from stdin without -T: it fails with \"the input device is not a TTY\" when run in a terminal", f, cmd)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("found no `docker compose exec` fed from stdin: the walkthrough's heredoc into psql is expected (update this test if it moved)")
+	}
+}
+
+var (
+	quotedText    = regexp.MustCompile(`'[^']*'|"(?:[^"\\]|\\.)*"`)
+	stdinRedirect = regexp.MustCompile(`<<|<\s*[^\s<(]`)
+	composeExec   = regexp.MustCompile(`docker[ -]compose\s+exec\b`)
+)
+
+// codeBlocks returns the lines of a Markdown text's fenced code blocks.
+func codeBlocks(md string) string {
+	var sb strings.Builder
+	in := false
+	for _, l := range strings.Split(md, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			in = !in
+			continue
+		}
+		if in {
+			sb.WriteString(l)
+			sb.WriteString("\n")
+		}
+	}
+	return sb.String()
+}
+
+// composeExecsFromStdin returns the shell lines (continuations joined) that
+// run `docker compose exec` with its stdin redirected or piped in.
+func composeExecsFromStdin(text string) []string {
+	var out []string
+	lines := strings.Split(text, "\n")
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		for strings.HasSuffix(strings.TrimRight(line, " "), "\\") && i+1 < len(lines) {
+			i++
+			line = strings.TrimSuffix(strings.TrimRight(line, " "), "\\") + " " + strings.TrimSpace(lines[i])
+		}
+		loc := composeExec.FindStringIndex(line)
+		if loc == nil {
+			continue
+		}
+		bare := quotedText.ReplaceAllString(line, "''") // a < inside SQL is no redirect
+		before, after, _ := strings.Cut(bare, composeExec.FindString(bare))
+		piped := strings.Contains(before, "|") && !strings.Contains(before, "||")
+		if piped || stdinRedirect.MatchString(after) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
+}
+
+// composeExecNoTTY says whether the exec's options (before the service
+// name) include -T or --no-tty.
+func composeExecNoTTY(cmd string) bool {
+	loc := composeExec.FindStringIndex(cmd)
+	words := strings.Fields(cmd[loc[1]:])
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		if !strings.HasPrefix(w, "-") {
+			return false // the service name: options end here
+		}
+		switch w {
+		case "-e", "--env", "-u", "--user", "-w", "--workdir", "--index":
+			i++ // the option's value
+			continue
+		}
+		if w == "-T" || w == "--no-tty" || w == "--no-TTY" || (len(w) > 1 && w[1] != '-' && strings.Contains(w, "T")) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestComposeExecFromStdinHelpers(t *testing.T) {
+	tests := []struct {
+		line       string
+		fromStdin  bool
+		noTTYGiven bool
+	}{
+		{`docker compose exec postgres psql -U postgres -d demo <<'SQL'`, true, false},
+		{`docker compose exec -T postgres psql -U postgres -d demo <<'SQL'`, true, true},
+		{`cat dump.sql | docker compose exec postgres psql -U postgres`, true, false},
+		{`docker compose exec -u postgres -T postgres psql < dump.sql`, true, true},
+		{`docker-compose exec --no-tty postgres psql < dump.sql`, true, true},
+		{`docker compose exec postgres psql -c "SELECT 1 WHERE 1 < 2"`, false, false},
+		{`docker compose exec rabbitmq rabbitmqctl list_queues name messages`, false, false},
+	}
+	for _, tt := range tests {
+		got := composeExecsFromStdin(tt.line)
+		if (len(got) == 1) != tt.fromStdin {
+			t.Errorf("composeExecsFromStdin(%q) = %q, want fed from stdin: %v", tt.line, got, tt.fromStdin)
+		}
+		if noTTY := composeExecNoTTY(tt.line); noTTY != tt.noTTYGiven {
+			t.Errorf("composeExecNoTTY(%q) = %v, want %v", tt.line, noTTY, tt.noTTYGiven)
+		}
+	}
+}
