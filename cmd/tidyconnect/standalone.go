@@ -53,6 +53,9 @@ func readConnectorFile(path string) (connectorFile, error) {
 	if err != nil {
 		return connectorFile{}, fmt.Errorf("connector file %s: %w", path, err)
 	}
+	// A UTF-8 byte order mark (Windows editors write one) is skipped, as
+	// before a REST body: the file is a POST /connectors body.
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	if len(bytes.TrimSpace(data)) == 0 {
 		return connectorFile{}, fmt.Errorf("connector file %s is empty; write a JSON object like {\"name\": \"...\", \"config\": {...}}", path)
 	}

@@ -64,7 +64,7 @@ type SinkTask interface {
 	// record below it is durable in the external system. The runtime commits
 	// exactly these offsets (never more) to the consumer group. A partition
 	// missing from the result is not committed. An error commits nothing
-	// and, unless ctx had ended, fails the task (Put is not called while
+	// and, unless ctx had ended or the task is paused, fails the task (Put is not called while
 	// no records arrive, so Flush is where a task idle on its topics fails).
 	Flush(ctx context.Context) (map[TopicPartition]int64, error)
 }

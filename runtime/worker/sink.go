@@ -331,12 +331,16 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 		case s.asyncErr != nil: // failing already
 		case isPanic(err):
 			s.asyncErr = err // the task fails: the next Flush would panic too
-		case ctx.Err() == nil:
+		case ctx.Err() == nil && !s.pausedNow():
 			// An error of the task's own, not the end of ctx, fails it as
 			// one from Put does: Put is not called on an idle topic, so a
 			// task could not fail otherwise (amqpsink giving up
 			// reconnecting in the periodic Flush stayed RUNNING forever,
-			// delivering nothing).
+			// delivering nothing). Not while paused: pausing is how an
+			// operator waits out the external system's maintenance, and
+			// Kafka Connect fails no task on a flush error; after the
+			// resume, Put or the next Flush meets the error again if it
+			// lasts.
 			s.asyncErr = fmt.Errorf("Flush: %w", err)
 		}
 		return
@@ -371,6 +375,12 @@ func (s *sinkLoop) flushAndCommitCtx(parent context.Context, only map[connect.To
 	for _, tp := range tps {
 		s.committed[tp] = commit[tp.Topic][tp.Partition].Offset
 	}
+}
+
+// pausedNow reports whether the task's target is PAUSED (not stopping).
+func (s *sinkLoop) pausedNow() bool {
+	stopping, paused, _ := s.t.state()
+	return paused && !stopping
 }
 
 // commitErr returns the first error of an offset commit.
