@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,63 +15,19 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
-// goroutineSnapshot is the set of goroutine ids running now.
-func goroutineSnapshot() map[string]bool {
-	ids := map[string]bool{}
-	for _, g := range allStacks() {
-		ids[goroutineID(g)] = true
-	}
-	return ids
-}
-
-func allStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func goroutineID(stack string) string {
-	// "goroutine 123 [state]:"
-	f := strings.Fields(stack)
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
 // awaitNoNewGoroutines waits until no goroutine started since before runs
-// code of amqp091-go or of the connector (the test's own proxy, helpers and
-// broker connection excepted), and fails the test with their stacks
-// otherwise.
+// code of amqp091-go or of the connector (the test's proxy and its own
+// broker connection excepted).
 func awaitNoNewGoroutines(t *testing.T, before map[string]bool, own *broker) {
 	t.Helper()
 	ownConn := fmt.Sprintf("(*Connection).reader(%p", own.conn)
 	ownBeat := fmt.Sprintf("(*Connection).heartbeater(%p", own.conn)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var left []string
-		for _, g := range allStacks() {
-			if before[goroutineID(g)] || strings.Contains(g, "amqpProxy") || strings.Contains(g, "_test.go") ||
-				strings.Contains(g, ownConn) || strings.Contains(g, ownBeat) {
-				continue
-			}
-			if strings.Contains(g, "rabbitmq/amqp091-go") || strings.Contains(g, "connectors/amqpsink.") {
-				left = append(left, g)
-			}
+	testenv.AwaitNoNewGoroutines(t, before, "Stopped", 15*time.Second, func(g string) bool {
+		if strings.Contains(g, "amqpProxy") || strings.Contains(g, ownConn) || strings.Contains(g, ownBeat) {
+			return false
 		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutine(s) outlived Stopped:\n%s", len(left), strings.Join(left, "\n\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(g, "rabbitmq/amqp091-go") || strings.Contains(g, "connectors/amqpsink.")
+	})
 }
 
 // A task whose Start fails after it connected (the exchange exists with
@@ -89,7 +44,7 @@ func TestLeakTaskStartFailsHalfway(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	task := &Task{}
 	ctx := connect.WithHost(ctxT(t), testHost(name, 0, connect.NewMemoryLedger(), &reporter{}))
 	if err := task.Start(ctx, cfg); err == nil {
@@ -115,7 +70,7 @@ func TestLeakConnectorStartFailsHalfway(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	c := &Connector{}
 	ctx := connect.WithHost(ctxT(t), testHost(name, -1, connect.NewMemoryLedger(), nil))
 	if err := c.Start(ctx, cfg); err == nil {
@@ -131,7 +86,7 @@ func TestLeakConnectorStartFailsHalfway(t *testing.T) {
 // A Put reconnecting to a broker that went away is ended by Stop; after
 // Stopped nothing of the task runs.
 func TestLeakStopDuringReconnect(t *testing.T) {
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	u := testenv.RabbitMQURL(t)
 	b := newBroker(t, u)
 	proxy, purl := newAMQPProxy(t, u)
@@ -178,7 +133,7 @@ func TestLeakStopDuringReconnect(t *testing.T) {
 // the connection: after Stop and Stopped, no goroutine of the session is
 // left, whatever the broker still sends on the connection.
 func TestLeakChannelClosedByBroker(t *testing.T) {
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	proxy, s, b, _ := proxiedSink(t, "ch404", "300000")
 	s.put(rec("ch404", 0, 0, "", "v0"))
 	s.flush()
@@ -206,7 +161,7 @@ func TestLeakChannelClosedByBroker(t *testing.T) {
 // A Put stuck in a publish to a broker that blocks the connection is cut
 // by Stop; nothing is left after Stopped.
 func TestLeakStopWhileBlocked(t *testing.T) {
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	proxy, s, b, _ := proxiedSink(t, "blk", "300000")
 	defer proxy.unblock()
 	s.put(rec("blk", 0, 0, "", "v0"))
@@ -245,7 +200,7 @@ func TestLeakStopDuringStart(t *testing.T) {
 	name := cfg["name"]
 	cleanupByName(t, b, name, name+".sds")
 	for _, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond} {
-		before := goroutineSnapshot()
+		before := testenv.GoroutineIDs()
 		task := &Task{}
 		ctx, cancel := context.WithCancel(connect.WithHost(ctxT(t), testHost(name, 0, connect.NewMemoryLedger(), &reporter{})))
 		started := make(chan error, 1)

@@ -2,7 +2,6 @@ package pgaudit
 
 import (
 	"context"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -11,57 +10,13 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
 
-func allStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func goroutineID(stack string) string {
-	f := strings.Fields(stack) // "goroutine 123 [state]:"
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
-// goroutineSnapshot is the set of goroutine ids running now.
-func goroutineSnapshot() map[string]bool {
-	ids := map[string]bool{}
-	for _, g := range allStacks() {
-		ids[goroutineID(g)] = true
-	}
-	return ids
-}
-
 // awaitNoNewGoroutines waits until no goroutine started since before runs
-// code of pgx, puddle or the connector (the test's own code excepted).
+// code of pgx, puddle or the connector.
 func awaitNoNewGoroutines(t *testing.T, before map[string]bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var left []string
-		for _, g := range allStacks() {
-			if before[goroutineID(g)] || strings.Contains(g, "_test.go") {
-				continue
-			}
-			if strings.Contains(g, "jackc/pgx") || strings.Contains(g, "jackc/puddle") || strings.Contains(g, "connectors/pgaudit.") {
-				left = append(left, g)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutine(s) outlived Stopped:\n%s", len(left), strings.Join(left, "\n\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.AwaitNoNewGoroutines(t, before, "Stopped", 15*time.Second, func(g string) bool {
+		return strings.Contains(g, "jackc/pgx") || strings.Contains(g, "jackc/puddle") || strings.Contains(g, "connectors/pgaudit.")
+	})
 }
 
 // A connector and task that ran, were interrupted (a pause: the unmark
@@ -75,7 +30,7 @@ func TestLeakTaskLifecycle(t *testing.T) {
 	cfg := baseConfig(testenv.Unique("leak-"), url, auditSchemaFor(t, db), s+".lk")
 	// Warm the admin pool: its own connections are not the connector's.
 	mustExec(t, db, `SELECT 1`)
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	r := startConnector(t, cfg, connect.NewMemoryLedger())
 	stopped := false
 	defer func() {
@@ -150,7 +105,7 @@ func TestLeakStopDuringStart(t *testing.T) {
 	r.tasks = nil
 	mustExec(t, db, `SELECT 1`)
 	for _, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond} {
-		before := goroutineSnapshot()
+		before := testenv.GoroutineIDs()
 		task := &Task{}
 		ctx := connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))
 		started := make(chan error, 1)

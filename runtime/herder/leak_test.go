@@ -2,7 +2,6 @@ package herder
 
 import (
 	"context"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,65 +12,13 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
 )
 
-func allStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func goroutineID(stack string) string {
-	f := strings.Fields(stack) // "goroutine 123 [state]:"
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
-func goroutineSnapshot() map[string]bool {
-	ids := map[string]bool{}
-	for _, g := range allStacks() {
-		ids[goroutineID(g)] = true
-	}
-	return ids
-}
-
 // ownedGoroutine reports whether g runs the runtime's code, or is the
 // life of a franz-go client (each client has one metadata loop), which
 // the worker owns.
 func ownedGoroutine(g string) bool {
-	if strings.Contains(g, "_test.go") {
-		return false
-	}
 	return strings.Contains(g, "tidyconnect/tidyconnect/runtime/") ||
 		strings.Contains(g, "kgo.(*Client).updateMetadataLoop") ||
 		strings.Contains(g, "kgo.(*Client).reapConnectionsLoop")
-}
-
-// awaitNoNewGoroutines waits until no goroutine started since before is
-// one of the runtime's (see ownedGoroutine).
-func awaitNoNewGoroutines(t *testing.T, before map[string]bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var left []string
-		for _, g := range allStacks() {
-			if !before[goroutineID(g)] && ownedGoroutine(g) {
-				left = append(left, g)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutine(s) outlived Close:\n%s", len(left), strings.Join(left, "\n\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // Close, after connectors ran, failed to delete (a background retry is
@@ -84,7 +31,7 @@ func TestLeakHerderClose(t *testing.T) {
 	hs := newHarness(t, kindReal, dir, rec, seeds, WithDeletionRetry(50*time.Millisecond, 100*time.Millisecond))
 	t.Cleanup(rec.ReleaseBlocked)
 	ctx := testCtx(t)
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 
 	src, flaky, blocked := testenv.Unique("lk-src-"), testenv.Unique("lk-flaky-"), testenv.Unique("lk-blk-")
 	topic := testenv.Unique("lk-topic-")
@@ -131,5 +78,5 @@ func TestLeakHerderClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-created
-	awaitNoNewGoroutines(t, before)
+	testenv.AwaitNoNewGoroutines(t, before, "Close", 20*time.Second, ownedGoroutine)
 }

@@ -4,68 +4,29 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
 )
-
-func allStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func goroutineID(stack string) string {
-	f := strings.Fields(stack) // "goroutine 123 [state]:"
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
-func goroutineSnapshot() map[string]bool {
-	ids := map[string]bool{}
-	for _, g := range allStacks() {
-		ids[goroutineID(g)] = true
-	}
-	return ids
-}
 
 // awaitNoNewFranzGoroutines waits until no goroutine started since before
 // runs franz-go code (the embedded broker's or a client's).
 func awaitNoNewFranzGoroutines(t *testing.T, before map[string]bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var left []string
-		for _, g := range allStacks() {
-			if !before[goroutineID(g)] && !strings.Contains(g, "_test.go") && strings.Contains(g, "twmb/franz-go") {
-				left = append(left, g)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutine(s) outlived %s:\n%s", len(left), what, strings.Join(left, "\n\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.AwaitNoNewGoroutines(t, before, what, 15*time.Second, func(g string) bool {
+		return strings.Contains(g, "twmb/franz-go")
+	})
 }
 
 // The embedded broker, used and closed, and a start that fails (its port
 // is taken) leave no goroutine of the broker behind.
 func TestLeakEmbeddedBroker(t *testing.T) {
 	logger := slog.New(slog.DiscardHandler)
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	e, err := StartEmbedded(testCtx(t), t.TempDir(), "127.0.0.1:0", WithEmbeddedLogger(logger))
 	if err != nil {
 		t.Fatal(err)

@@ -17,39 +17,9 @@ import (
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
 )
 
-func allStacks() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Split(string(buf[:n]), "\n\n")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
-func goroutineID(stack string) string {
-	f := strings.Fields(stack) // "goroutine 123 [state]:"
-	if len(f) < 2 {
-		return ""
-	}
-	return f[1]
-}
-
-func goroutineSnapshot() map[string]bool {
-	ids := map[string]bool{}
-	for _, g := range allStacks() {
-		ids[goroutineID(g)] = true
-	}
-	return ids
-}
-
 // workerGoroutine reports whether g runs the worker's code or is the life
 // of a franz-go client (each client has one metadata loop).
 func workerGoroutine(g string) bool {
-	if strings.Contains(g, "_test.go") {
-		return false
-	}
 	return strings.Contains(g, "tidyconnect/tidyconnect/runtime/") ||
 		strings.Contains(g, "kgo.(*Client).updateMetadataLoop") ||
 		strings.Contains(g, "kgo.(*Client).reapConnectionsLoop")
@@ -59,22 +29,7 @@ func workerGoroutine(g string) bool {
 // is one of the worker's (see workerGoroutine).
 func awaitNoNewWorkerGoroutines(t *testing.T, before map[string]bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var left []string
-		for _, g := range allStacks() {
-			if !before[goroutineID(g)] && workerGoroutine(g) {
-				left = append(left, g)
-			}
-		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutine(s) outlived %s:\n%s", len(left), what, strings.Join(left, "\n\n"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.AwaitNoNewGoroutines(t, before, what, 20*time.Second, workerGoroutine)
 }
 
 // reportingStartSink is a sample sink whose task reports an errant record
@@ -120,7 +75,7 @@ func TestLeakDLQProducerOfAFailedStart(t *testing.T) {
 	if _, err := e.w.kafkaAdmin(); err != nil {
 		t.Fatal(err)
 	}
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 	cfg := sinkConfig(name, testenv.Unique("leak-in-"), KeyConnectorClass, reportingStartSink,
 		KeyErrorsTolerance, "all", KeyDLQTopic, dlq, KeyDLQReplicationFactor, "1")
 	if _, err := e.startTask(cfg, 0); err == nil {
@@ -141,7 +96,7 @@ func TestLeakCloseAfterFailurePaths(t *testing.T) {
 	e.extraTopics = append(e.extraTopics, topic, srcTopic)
 	e.mu.Unlock()
 	produce(t, e.brokers, topic, 5, func(i int) string { return "v" })
-	before := goroutineSnapshot()
+	before := testenv.GoroutineIDs()
 
 	failStart := testenv.Unique("leak-fs-")
 	if _, err := e.startTask(sourceConfig(failStart, srcTopic, sampleconn.KeyFailStart, "true"), 0); err == nil {
