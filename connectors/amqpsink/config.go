@@ -195,7 +195,8 @@ var configDef = connect.ConfigDef{
 	{Name: KeyNullValues, Type: connect.TypeString, Default: nullPublish, Importance: connect.ImportanceLow, Group: "RabbitMQ", Order: 16,
 		Recommended: []string{nullPublish, nullIgnore, nullFail}, Doc: "What a record with a null value (a tombstone, as a CDC source sends after a delete) becomes. publish: a message with an empty body (its key still routes it and is in the message's headers as any record's). ignore: nothing; its offset is committed. fail: it is reported under errors.tolerance (the task fails, or the record goes to the dead-letter topic).",
 		Validate: func(v string) error {
-			switch v {
+			// Any case, as Confluent's sinks take IGNORE too.
+			switch strings.ToLower(v) {
 			case nullPublish, nullIgnore, nullFail:
 				return nil
 			}
@@ -429,7 +430,7 @@ func parse(cfg connect.Config, connector string) (*settings, error) {
 		queueType:    cfg[KeyQueueType],
 		routingTmpl:  cfg[KeyRoutingKey],
 		contentType:  cfg[KeyContentType],
-		nullValues:   cfg[KeyNullValues],
+		nullValues:   strings.ToLower(cfg[KeyNullValues]),
 	}
 	if s.exchange == "" {
 		s.exchange = connector

@@ -31,6 +31,7 @@ func TestNullValues(t *testing.T) {
 		{behavior: "", delivered: []string{"nv-0-0", "nv-0-1", "nv-0-2"}, reported: "[]"},
 		{behavior: nullPublish, delivered: []string{"nv-0-0", "nv-0-1", "nv-0-2"}, reported: "[]"},
 		{behavior: nullIgnore, delivered: []string{"nv-0-0", "nv-0-2"}, reported: "[]"},
+		{behavior: "IGNORE", delivered: []string{"nv-0-0", "nv-0-2"}, reported: "[]"},
 		{behavior: nullFail, tolerate: true, delivered: []string{"nv-0-0", "nv-0-2"}, reported: "[1]"},
 		{behavior: nullFail, fails: true},
 	} {
