@@ -2,6 +2,7 @@ package amqpsink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -99,5 +100,43 @@ func TestNullValues(t *testing.T) {
 				t.Errorf("the null value's message: %s, want an empty body with key k1", body)
 			}
 		})
+	}
+}
+
+// failingReporter tolerates every record but cannot report any (a
+// dead-letter topic that cannot be written).
+type failingReporter struct{}
+
+func (failingReporter) Report(context.Context, connect.SinkRecord, error) error {
+	return errors.New("dead-letter topic unreachable")
+}
+
+// TestFailedReportIsNamedAsSuch: when the error handler tolerates a record
+// but its report fails, the task's error says so, and does not advise
+// errors.tolerance=all (which is already set); a refusal under none keeps
+// that advice.
+func TestFailedReportIsNamedAsSuch(t *testing.T) {
+	u := testenv.RabbitMQURL(t)
+	b := newBroker(t, u)
+	for _, tc := range []struct {
+		errs        connect.ErrantRecordReporter
+		want, avoid string
+	}{
+		{failingReporter{}, "reporting it to the error handler failed: dead-letter topic unreachable", "set errors.tolerance=all"},
+		{&reporter{}, "set errors.tolerance=all", "reporting it to the error handler failed"},
+	} {
+		cfg := baseConfig(t, u, "rf")
+		cfg[KeyNullValues] = nullFail
+		cleanupByName(t, b, cfg["name"], cfg["name"]+".rf")
+		s := startSink(t, cfg, connect.NewMemoryLedger(), tc.errs)
+		tomb := rec("rf", 0, 0, "k", "")
+		tomb.Value = nil
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := s.task.Put(ctx, []connect.SinkRecord{tomb})
+		cancel()
+		_ = s.stop(true)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.avoid) {
+			t.Errorf("Put: %v; want an error saying %q and not %q", err, tc.want, tc.avoid)
+		}
 	}
 }

@@ -618,7 +618,15 @@ func (t *Task) reportFailed(ctx context.Context) error {
 				// A deadline that passed is a failure like any other.
 				return ctx.Err()
 			}
-			t.fatal = fmt.Errorf("delivering to RabbitMQ failed (set %s=all to send such records to the dead-letter topic instead): %w", KeyErrorsTolerance, err)
+			if errors.Is(err, e.err) {
+				// Refused: errors.tolerance is none.
+				t.fatal = fmt.Errorf("delivering to RabbitMQ failed (set %s=all to send such records to the dead-letter topic instead): %w", KeyErrorsTolerance, err)
+			} else {
+				// Tolerated, but the report itself failed (the dead-letter
+				// topic could not be written in time): advice to tolerate
+				// would mislead.
+				t.fatal = fmt.Errorf("record %s could not be delivered to RabbitMQ (%v), and reporting it to the error handler failed: %w", e.msgID, e.err, err)
+			}
 			return t.fatal
 		}
 		t.mu.Lock()
