@@ -1,10 +1,12 @@
 package pgaudit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -129,11 +131,6 @@ type inflightRow struct {
 	delivered int    // leading changes Kafka acknowledged (or had before this read)
 	written   int    // delivered as last written to the row
 	acked     []bool // by index, beyond delivered; nil for a one-change row
-	// tombstoned holds the indexes of changes (deletes) followed by a
-	// tombstone: the tombstone's acknowledgement, not the delete's,
-	// delivers the change, so neither is lost to a restart between them
-	// (they may be in different batches).
-	tombstoned map[int]bool
 }
 
 // Start connects (a small pool and a LISTEN connection, both named by
@@ -676,15 +673,6 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		t.inflight[r.id] = row
 	}
-	for _, rec := range recs {
-		if rec.Value == nil { // a tombstone (every other record has a value)
-			row := t.inflight[offsetInt(rec.SourceOffset["id"])]
-			if row.tombstoned == nil {
-				row.tombstoned = map[int]bool{}
-			}
-			row.tombstoned[int(offsetInt(rec.SourceOffset["idx"]))] = true
-		}
-	}
 	t.buffered = recs
 	return t.takeBuffered(), nil
 }
@@ -907,22 +895,80 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		}
 	}
 	if t.s.tombstones {
-		// Debezium's tombstones.on.delete: after a delete, the key with a
-		// null value, so that log compaction can drop every record of the
-		// key. A change without a key (no primary key, or it lost its
-		// key column) has nothing to compact.
-		out := make([]connect.SourceRecord, 0, len(recs)+len(recs)/4)
-		for i, rec := range recs {
-			out = append(out, rec)
-			if changes[i].row.op == "d" && rec.Key != nil {
-				tomb := rec
-				tomb.Value = nil
-				out = append(out, tomb)
+		recs = withTombstones(recs, func(i int) recordChange {
+			c := changes[i]
+			rc := recordChange{op: c.row.op, m: t.meta[c.row.table], txid: c.row.txid, seq: c.row.id*seqPerRow + int64(c.idx), tsMS: c.row.tsMS}
+			if c.before >= 0 {
+				rc.before = decoded[c.row.image][c.before]
 			}
-		}
-		recs = out
+			if c.after >= 0 {
+				rc.after = decoded[c.row.image][c.after]
+			}
+			return rc
+		})
 	}
 	return recs, nil
+}
+
+// recordChange is what withTombstones needs of a record's change.
+type recordChange struct {
+	op            string
+	before, after []byte
+	m             *tableMeta
+	txid          string
+	seq, tsMS     int64
+}
+
+// offsetPart marks the source offset of a record that is not its change's
+// last: Commit leaves the change undelivered until the last record (a
+// tombstone, the create of a key change) is acknowledged, so that a
+// restart between them sends them all again rather than leave the change
+// half sent. They may be in different Poll batches.
+const offsetPart = "part"
+
+// withTombstones applies tombstones.on.delete (Debezium's): after a delete,
+// the key with a null value, so that log compaction can drop every record
+// of the key. An update that changes the key becomes, as in Debezium, a
+// delete under the old key, its tombstone and a create under the new one:
+// one record under the new key would leave the old key's last record
+// standing in a compacted topic. A change without a key (no primary key,
+// or it lost its key column) has nothing to compact. change(i) describes
+// the change of recs[i].
+func withTombstones(recs []connect.SourceRecord, change func(i int) recordChange) []connect.SourceRecord {
+	out := make([]connect.SourceRecord, 0, len(recs)+len(recs)/4)
+	partOf := func(rec connect.SourceRecord) connect.SourceRecord {
+		off := maps.Clone(rec.SourceOffset)
+		off[offsetPart] = true
+		rec.SourceOffset = off
+		return rec
+	}
+	for i, rec := range recs {
+		c := change(i)
+		switch {
+		case rec.Key == nil:
+			out = append(out, rec)
+		case c.op == "d":
+			tomb := rec
+			tomb.Value = nil
+			out = append(out, partOf(rec), tomb)
+		case c.op == "u":
+			oldKey, complete := c.m.key("d", c.before, nil)
+			if !complete || oldKey == nil || bytes.Equal(oldKey, rec.Key) {
+				out = append(out, rec)
+				continue
+			}
+			del := rec
+			del.Key, del.Value = oldKey, c.m.envelope("d", c.before, nil, c.txid, c.seq, c.tsMS)
+			tomb := del
+			tomb.Value = nil
+			create := rec
+			create.Value = c.m.envelope("c", nil, c.after, c.txid, c.seq, c.tsMS)
+			out = append(out, partOf(del), partOf(tomb), create)
+		default:
+			out = append(out, rec)
+		}
+	}
+	return out
 }
 
 // idRange names the audit rows ids holds (in ascending order): "row 7",
@@ -1137,8 +1183,8 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		if row == nil {
 			continue
 		}
-		if r.Value != nil && row.tombstoned[idx] {
-			continue // delivered with its tombstone, which follows it
+		if _, ok := r.SourceOffset[offsetPart]; ok {
+			continue // the change's last record delivers it
 		}
 		if row.acked == nil {
 			row.delivered = row.changes

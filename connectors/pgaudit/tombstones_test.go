@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -75,8 +76,15 @@ func TestTombstonesOnDelete(t *testing.T) {
 				if got := recordLine(t, rec); got != want[i] {
 					t.Fatalf("record %d: %q, want %q", i, got, want[i])
 				}
-				if rec.Value == nil && (rec.Topic != recs[i-1].Topic || fmt.Sprint(rec.SourceOffset) != fmt.Sprint(recs[i-1].SourceOffset)) {
-					t.Fatalf("tombstone %d: topic %s, offset %v; want its delete's, %s and %v", i, rec.Topic, rec.SourceOffset, recs[i-1].Topic, recs[i-1].SourceOffset)
+				if rec.Value == nil {
+					// The delete's offset, which says that its tombstone
+					// delivers the change.
+					del := maps.Clone(recs[i-1].SourceOffset)
+					_, part := del[offsetPart]
+					delete(del, offsetPart)
+					if rec.Topic != recs[i-1].Topic || fmt.Sprint(rec.SourceOffset) != fmt.Sprint(del) || !part {
+						t.Fatalf("tombstone %d: topic %s, offset %v; want its delete's, %s and %v, and the delete's marked %q", i, rec.Topic, rec.SourceOffset, recs[i-1].Topic, recs[i-1].SourceOffset, offsetPart)
+					}
 				}
 			}
 		})
@@ -154,4 +162,82 @@ func TestTombstoneDeliversItsDelete(t *testing.T) {
 		t.Fatalf("%d audit rows after the tombstone was acknowledged, want 0", n)
 	}
 	r.quiet()
+}
+
+// TestKeyChangeWithTombstones: with tombstones.on.delete=true an UPDATE
+// that changes the key is, as in Debezium, a delete under the old key, its
+// tombstone and a create under the new key (single and grouped changes);
+// an UPDATE that keeps the key stays one record. Without the setting a key
+// change is one u record under the new key. The change is delivered with
+// its last record: Kafka acknowledging the delete and tombstone alone
+// keeps its audit row.
+func TestKeyChangeWithTombstones(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tombstones.on.delete=%v", on), func(t *testing.T) {
+			set := connect.Config{}
+			if on {
+				set[KeyTombstonesOnDelete] = "true"
+			}
+			db, tbl, r := oneTable(t, "keychange-", `(id int PRIMARY KEY, v text)`, set)
+			const bulk = singleChanges + 6
+			mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g, 'a' FROM generate_series(1, %d) g`, tbl, bulk))
+			r.collectRecords(bulk)
+			// Rows in the order they were written (no update before this
+			// one moved them): the statement changes them in id order.
+			mustExec(t, db, `UPDATE `+tbl+` SET id = id + 1000`)
+			mustExec(t, db, `UPDATE `+tbl+` SET v = 'b' WHERE id = 1001`)
+
+			var want []string
+			for id := 1; id <= bulk; id++ {
+				if on {
+					want = append(want, fmt.Sprintf(`t d {"id":%d}`, id), fmt.Sprintf(`tombstone {"id":%d}`, id), fmt.Sprintf(`t c {"id":%d}`, id+1000))
+				} else {
+					want = append(want, fmt.Sprintf(`t u {"id":%d}`, id+1000))
+				}
+			}
+			want = append(want, `t u {"id":1001}`)
+			recs := r.collectRecords(len(want))
+			r.quiet()
+			for i, rec := range recs {
+				if got := recordLine(t, rec); got != want[i] {
+					t.Fatalf("record %d: %q, want %q", i, got, want[i])
+				}
+			}
+			if !on {
+				return
+			}
+			// The images: the delete has the old row as before, the
+			// create the new row as after.
+			del, create := decode(t, recs[0]), decode(t, recs[2])
+			if fmt.Sprint(del.Before) != "map[id:1 v:a]" || del.After != nil || create.Before != nil || fmt.Sprint(create.After) != "map[id:1001 v:a]" {
+				t.Fatalf("delete %s, create %s; want the old row before and the new row after", del.Raw, create.Raw)
+			}
+
+			// Delivered with the create, not before.
+			mustExec(t, db, `UPDATE `+tbl+` SET id = 5000 WHERE id = 1001`)
+			ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+			defer cancel()
+			var split []connect.SourceRecord
+			for len(split) < 3 {
+				got, err := r.tasks[0].Poll(ctx)
+				if err != nil {
+					t.Fatalf("Poll: %v", err)
+				}
+				split = append(split, got...)
+			}
+			if err := r.tasks[0].Commit(testCtx(t), split[:2]); err != nil {
+				t.Fatal(err)
+			}
+			var n int64
+			if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM `+auditTable(r)).Scan(&n); err != nil || n != 1 {
+				t.Fatalf("%d audit rows (%v) after the delete and tombstone of a key change were acknowledged, want 1", n, err)
+			}
+			if err := r.tasks[0].Commit(testCtx(t), split[2:]); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM `+auditTable(r)).Scan(&n); err != nil || n != 0 {
+				t.Fatalf("%d audit rows (%v) after the create was acknowledged, want 0", n, err)
+			}
+		})
+	}
 }
