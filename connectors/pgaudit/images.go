@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -169,10 +170,12 @@ func (e *imageError) Unwrap() error { return e.err }
 
 // decodeByColumns decodes each image on its own from the column types it
 // carries (see decodeByColumn). An error says which image (imageError).
-func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, imgs [][]byte) ([][]byte, error) {
+// excluded are the column.exclude.list columns of the configured table the
+// images belong to.
+func decodeByColumns(ctx context.Context, conn *pgconn.PgConn, m *tableMeta, excluded map[string]bool, imgs [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(imgs))
 	for i, img := range imgs {
-		j, err := decodeByColumn(ctx, conn, m.columns, m.stable, img)
+		j, err := decodeByColumn(ctx, conn, m.columns, m.stable, excluded, img)
 		if err != nil {
 			return nil, &imageError{i, fmt.Errorf("decoding a change of %s written before its columns changed: %w", m.table, err)}
 		}
@@ -250,7 +253,9 @@ const maxPairsPerCall = 50
 // delivered. A value
 // PostgreSQL can no longer read (its type was dropped since) is delivered
 // as the hex string of its binary form rather than blocking the stream.
-func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, stable int, img []byte) ([]byte, error) {
+// When an excluded column (column.exclude.list) does not keep its name,
+// the values named by position are left out: any of them may be its.
+func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, stable int, excluded map[string]bool, img []byte) ([]byte, error) {
 	cols, err := recordColumns(img)
 	if err != nil {
 		return nil, err
@@ -279,6 +284,15 @@ func decodeByColumn(ctx context.Context, conn *pgconn.PgConn, current []column, 
 	for _, c := range current {
 		if strings.HasPrefix(c.name, "_") {
 			taken[c.name] = true
+		}
+	}
+	named := min(limit, len(current), len(cols)) // the leading positions that keep their names
+	for ex := range excluded {
+		if !slices.ContainsFunc(current[:named], func(c column) bool { return c.name == ex }) {
+			// The excluded value may be any of those named by position:
+			// envelope, which leaves columns out by name, would miss it.
+			cols = cols[:named]
+			break
 		}
 	}
 	names := make([]string, len(cols))

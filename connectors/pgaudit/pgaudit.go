@@ -116,10 +116,10 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyTombstonesOnDelete, Type: connect.TypeBoolean, Default: "false", Importance: connect.ImportanceMedium, Group: "Capture", Order: 12,
 			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a primary key is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
 		{Name: KeyMessageKeyColumns, Type: connect.TypeString, Importance: connect.ImportanceLow, Group: "Capture", Order: 13,
-			DisplayName: "Message key columns", Doc: `The columns that make a table's record key instead of its primary key, or for a table without one (as Debezium's key of this name, with literal names instead of patterns): <table>:<column>[,<column>...], tables separated by ';', each table one of tables and named as there; double-quote a name that contains '.', ',', ';', ':' or '"'. Their values may be null.`,
+			DisplayName: "Message key columns", Doc: `The columns that make a table's record key instead of its primary key, or for a table without one (as Debezium's key of this name, with literal names instead of patterns): <table>:<column>[,<column>...], tables separated by ';', each table one of tables and named as there; double-quote a name that contains '.', ',', ';' or ':', or starts with '"' (as in tables). Their values may be null.`,
 			Validate: func(v string) error { _, err := parseKeyColumns(v); return err }},
 		{Name: KeyColumnExcludeList, Type: connect.TypeList, Importance: connect.ImportanceLow, Group: "Capture", Order: 14,
-			DisplayName: "Excluded columns", Doc: `Columns left out of the records' before and after images (as Debezium's key of this name, with literal names instead of patterns): comma-separated schema.table.column (table.column means public), each table one of tables; double-quote a name that contains '.', ',' or '"'. The record key still holds its columns.`,
+			DisplayName: "Excluded columns", Doc: `Columns left out of the records' before and after images (as Debezium's key of this name, with literal names instead of patterns): comma-separated schema.table.column (table.column means public), each table one of tables; double-quote a name that contains '.' or ',', or starts with '"' (as in tables). The record key still holds its columns.`,
 			Validate: func(v string) error { _, err := parseExcludedColumns(v); return err }},
 	}
 }

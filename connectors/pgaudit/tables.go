@@ -295,27 +295,45 @@ func compareTables(a, b tableName) int {
 	return cmp.Or(strings.Compare(a.Schema, b.Schema), strings.Compare(a.Name, b.Name))
 }
 
-// splitOutsideQuotes splits s at each sep outside double quotes (a doubled
-// quote inside a quoted name toggles twice: still inside).
+// splitOutsideQuotes splits s at each sep outside double quotes. As in
+// tables, a quote opens a quoted name only where a name starts (after a
+// blank start or one of . , : ;); elsewhere it is a literal character, so
+// a name written unquoted in tables can be written the same way here.
 func splitOutsideQuotes(s string, sep rune) ([]string, error) {
+	const (
+		nameStart  = iota // only blanks since the last boundary
+		unquoted          // inside an unquoted name: quotes are literal
+		quoted            // inside a quoted name
+		afterQuote        // a quoted name just closed: a quote is a doubled one
+	)
 	var (
-		out []string
-		cur strings.Builder
-		inQ bool
+		out   []string
+		cur   strings.Builder
+		state = nameStart
 	)
 	for _, r := range s {
 		switch {
-		case r == '"':
-			inQ = !inQ
-			cur.WriteRune(r)
-		case r == sep && !inQ:
+		case state == quoted:
+			if r == '"' {
+				state = afterQuote
+			}
+		case r == sep:
 			out = append(out, cur.String())
 			cur.Reset()
+			state = nameStart
+			continue
+		case strings.ContainsRune(".,:;", r):
+			state = nameStart
+		case r == '"' && (state == nameStart || state == afterQuote):
+			state = quoted
+		case r == ' ' || r == '\t':
+			// Blanks around names change nothing (as partStart).
 		default:
-			cur.WriteRune(r)
+			state = unquoted
 		}
+		cur.WriteRune(r)
 	}
-	if inQ {
+	if state == quoted {
 		return nil, fmt.Errorf("unterminated double quote")
 	}
 	return append(out, cur.String()), nil
@@ -324,7 +342,8 @@ func splitOutsideQuotes(s string, sep rune) ([]string, error) {
 // parseKeyColumns parses message.key.columns, Debezium's syntax with
 // literal names: entries separated by ';', each a table as in tables, ':'
 // and its key columns separated by ','. Names are quoted as in tables
-// (double quotes around a name that contains '.', ',', ';', ':' or '"').
+// (double quotes around a name that contains '.', ',', ';' or ':', or
+// starts with '"').
 func parseKeyColumns(s string) (map[tableName][]string, error) {
 	out := map[tableName][]string{}
 	if strings.TrimSpace(s) == "" {
@@ -368,6 +387,9 @@ func parseKeyColumns(s string) (map[tableName][]string, error) {
 				bad = append(bad, fmt.Sprintf("%q: %v", it, err))
 			case len(p) != 1:
 				bad = append(bad, fmt.Sprintf("%q: a column name (quote a name that contains '.')", it))
+			case strings.ContainsRune(p[0], 0):
+				// The catalog query would fail on it, under postgres.url.
+				bad = append(bad, fmt.Sprintf("%q: a PostgreSQL name cannot contain a NUL byte", it))
 			case slices.Contains(cols, p[0]):
 				bad = append(bad, fmt.Sprintf("column %q listed twice for %s", p[0], t.quoted()))
 			default:
@@ -411,6 +433,11 @@ func parseExcludedColumns(s string) (map[tableName]map[string]bool, error) {
 		p, err := splitParts(it)
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("%q: %v", it, err))
+			continue
+		}
+		if strings.ContainsRune(strings.Join(p, ""), 0) {
+			// The catalog query would fail on it, under postgres.url.
+			bad = append(bad, fmt.Sprintf("%q: a PostgreSQL name cannot contain a NUL byte", it))
 			continue
 		}
 		var t tableName

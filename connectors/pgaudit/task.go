@@ -1022,7 +1022,11 @@ func (t *Task) decode(ctx context.Context, conn *pgconn.PgConn, tb, captured tab
 	}
 	t.host.Logger.Warn("decoding changes written before the table's columns changed: columns that still line up by position keep their names, others are named _column_<n>",
 		"table", m.table, "changes", len(imgs), "reason", err)
-	return decodeByColumns(ctx, conn, m, imgs)
+	var excluded map[string]bool
+	if cm := t.meta[captured]; cm != nil {
+		excluded = cm.excluded // the configured table's, also for a partition's images
+	}
+	return decodeByColumns(ctx, conn, m, excluded, imgs)
 }
 
 // Read queries, by what is in flight (polled, not yet deleted).
