@@ -131,14 +131,6 @@ type inflightRow struct {
 	delivered int    // leading changes Kafka acknowledged (or had before this read)
 	written   int    // delivered as last written to the row
 	acked     []bool // by index, beyond delivered; nil for a one-change row
-	// records counts, by index, the records of a change sent as more than
-	// one (a delete and its tombstone; a key change's delete, tombstone
-	// and create); pending counts those not acknowledged yet. Every one
-	// must be acknowledged before the change is: they may be on different
-	// Kafka partitions, and the runtime confirms records acknowledged past
-	// one that failed on another partition. nil when each change is one
-	// record.
-	pending map[int]int
 }
 
 // Start connects (a small pool and a LISTEN connection, both named by
@@ -681,19 +673,6 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		t.inflight[r.id] = row
 	}
-	for _, rec := range recs {
-		if _, ok := rec.SourceOffset[offsetPart]; ok {
-			row := t.inflight[offsetInt(rec.SourceOffset["id"])]
-			if row.pending == nil {
-				row.pending = map[int]int{}
-			}
-			idx := int(offsetInt(rec.SourceOffset["idx"]))
-			if row.pending[idx] == 0 {
-				row.pending[idx] = 1 // the change's last record
-			}
-			row.pending[idx]++
-		}
-	}
 	t.buffered = recs
 	return t.takeBuffered(), nil
 }
@@ -941,10 +920,10 @@ type recordChange struct {
 }
 
 // offsetPart marks the source offset of a record that is not its change's
-// last. Commit leaves the change undelivered until all its records are
-// acknowledged (inflightRow.pending), so that a restart in between sends
-// them all again rather than leave the change half sent. They may be in
-// different Poll batches, and on different Kafka partitions.
+// last: Commit leaves the change undelivered until the last record (a
+// tombstone, the create of a key change) is acknowledged, so that a
+// restart between them sends them all again rather than leave the change
+// half sent. They may be in different Poll batches.
 const offsetPart = "part"
 
 // withTombstones applies tombstones.on.delete (Debezium's): after a delete,
@@ -1208,12 +1187,8 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		if row == nil {
 			continue
 		}
-		if n, ok := row.pending[idx]; ok {
-			if n > 1 {
-				row.pending[idx] = n - 1
-				continue // more records of this change to be acknowledged
-			}
-			delete(row.pending, idx)
+		if _, ok := r.SourceOffset[offsetPart]; ok {
+			continue // the change's last record delivers it
 		}
 		if row.acked == nil {
 			row.delivered = row.changes
