@@ -89,6 +89,7 @@ type Task struct {
 	emptyReads int // reads that found nothing since the last change
 
 	inflight        map[int64]*inflightRow // polled, neither deleted nor pending
+	polled          []int64                // the ids of inflight, in Poll order
 	buffered        []connect.SourceRecord // read and decoded, not yet returned by Poll
 	pendingDelete   []int64                // acknowledged, DELETE not yet done
 	pendingProgress map[int64]int          // partly acknowledged rows: delivered count not yet written
@@ -131,6 +132,13 @@ type inflightRow struct {
 	delivered int    // leading changes Kafka acknowledged (or had before this read)
 	written   int    // delivered as last written to the row
 	acked     []bool // by index, beyond delivered; nil for a one-change row
+	// unacked counts, by change index, the records of a change made of
+	// several (a delete and its tombstone; a key change's delete,
+	// tombstone and create) not acknowledged yet. The worker's final
+	// commit passes records acknowledged on one Kafka partition past one
+	// refused on another, and a key change's create has another key than
+	// its delete: the last record alone must not deliver the change.
+	unacked map[int]int
 }
 
 // Start connects (a small pool and a LISTEN connection, both named by
@@ -181,6 +189,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 		t.taskCount = n
 	}
 	t.inflight = map[int64]*inflightRow{}
+	t.polled = nil
 	t.pendingProgress = map[int64]int{}
 
 	pc, err := pgxpool.ParseConfig(s.url)
@@ -672,6 +681,23 @@ func (t *Task) pollOnce(ctx context.Context) ([]connect.SourceRecord, error) {
 			row.acked = make([]bool, r.changes)
 		}
 		t.inflight[r.id] = row
+		t.polled = append(t.polled, r.id)
+	}
+	if t.s.tombstones { // the only source of changes of several records
+		for _, rec := range recs {
+			if _, ok := rec.SourceOffset[offsetPart]; !ok {
+				continue
+			}
+			row := t.inflight[offsetInt(rec.SourceOffset["id"])]
+			if row.unacked == nil {
+				row.unacked = map[int]int{}
+			}
+			idx := int(offsetInt(rec.SourceOffset["idx"]))
+			if row.unacked[idx] == 0 {
+				row.unacked[idx] = 1 // the change's last record
+			}
+			row.unacked[idx]++
+		}
 	}
 	t.buffered = recs
 	return t.takeBuffered(), nil
@@ -920,10 +946,11 @@ type recordChange struct {
 }
 
 // offsetPart marks the source offset of a record that is not its change's
-// last: Commit leaves the change undelivered until the last record (a
-// tombstone, the create of a key change) is acknowledged, so that a
+// last: Commit leaves the change undelivered until every one of its
+// records (pollOnce counts them by this mark) is acknowledged, so that a
 // restart between them sends them all again rather than leave the change
-// half sent. They may be in different Poll batches.
+// half sent. They may be in different Poll batches, and a key change's on
+// different Kafka partitions.
 const offsetPart = "part"
 
 // withTombstones applies tombstones.on.delete (Debezium's): after a delete,
@@ -1161,10 +1188,11 @@ ORDER BY 1, 2`, schemas, names,
 // once Stop was called (a variable for tests).
 var commitAfterStop = 2 * time.Second
 
-// Commit deletes the rows whose changes are all acknowledged and records
-// how far partly acknowledged rows got, so a restart resumes inside them. A
-// lost connection keeps both for the next Poll (the rows stay excluded from
-// reads, so nothing is sent twice meanwhile).
+// Commit deletes the rows whose changes are all acknowledged, in Poll
+// order, and records how far the first partly acknowledged row got, so a
+// restart resumes inside it. A lost connection keeps both for the next
+// Poll (the rows stay excluded from reads, so nothing is sent twice
+// meanwhile).
 func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 	if len(acked) == 0 {
 		return nil
@@ -1180,15 +1208,18 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 		limit := time.AfterFunc(commitAfterStop, cancel)
 		context.AfterFunc(ctx, func() { limit.Stop() })
 	})()
-	touched := map[int64]*inflightRow{}
 	for _, r := range acked {
 		id, idx := offsetInt(r.SourceOffset["id"]), int(offsetInt(r.SourceOffset["idx"]))
 		row := t.inflight[id]
 		if row == nil {
 			continue
 		}
-		if _, ok := r.SourceOffset[offsetPart]; ok {
-			continue // the change's last record delivers it
+		if n, ok := row.unacked[idx]; ok {
+			if n > 1 {
+				row.unacked[idx] = n - 1
+				continue // delivered with the change's other records
+			}
+			delete(row.unacked, idx)
 		}
 		if row.acked == nil {
 			row.delivered = row.changes
@@ -1198,19 +1229,30 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 				row.delivered++
 			}
 		}
-		touched[id] = row
 	}
+	// Rows are delivered in Poll order. The worker's final commit passes
+	// records acknowledged on one Kafka partition past one refused on
+	// another, and a row not delivered is sent again whole after a restart
+	// (a key change's create, a group's acknowledged changes): a later
+	// change of the same key delivered meanwhile would be followed by the
+	// older one. The rows behind it wait, and are sent again after a
+	// restart.
 	var done []int64
-	for id, row := range touched {
-		switch {
-		case row.delivered == row.changes:
-			done = append(done, id)
-			delete(t.inflight, id)
-			delete(t.pendingProgress, id)
-		case row.delivered > row.written:
-			t.pendingProgress[id] = row.delivered
+	n := 0
+	for ; n < len(t.polled); n++ {
+		id := t.polled[n]
+		row := t.inflight[id]
+		if row.delivered < row.changes {
+			if row.delivered > row.written {
+				t.pendingProgress[id] = row.delivered
+			}
+			break
 		}
+		done = append(done, id)
+		delete(t.inflight, id)
+		delete(t.pendingProgress, id)
 	}
+	t.polled = t.polled[n:]
 	t.pendingDelete = append(t.pendingDelete, done...)
 	if err := t.flushPending(ctx); err != nil {
 		if ctx.Err() != nil {
