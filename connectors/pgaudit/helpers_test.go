@@ -410,3 +410,23 @@ func int64s(t testing.TB, db *pgxpool.Pool, sql string, args ...any) []int64 {
 	}
 	return got
 }
+
+// restartTask stops the connector's only task as a restart does
+// (Stop(false), Stopped) and starts a new one with the connector's task
+// config: what the old one polled and did not commit is read again.
+func (r *running) restartTask() {
+	r.t.Helper()
+	old := r.tasks[0]
+	old.Stop(false)
+	if err := old.Stopped(connect.WithHost(testCtx(r.t), testHost(r.name, 0, r.ledger))); err != nil {
+		r.t.Fatal(err)
+	}
+	tcs, err := r.conn.TaskConfigs(1)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.tasks[0] = &Task{}
+	if err := r.tasks[0].Start(connect.WithHost(testCtx(r.t), testHost(r.name, 0, r.ledger)), tcs[0]); err != nil {
+		r.t.Fatal(err)
+	}
+}

@@ -135,19 +135,7 @@ func TestKeyChangeResentNotAfterALaterChangeOfItsKey(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			old := r.tasks[0]
-			old.Stop(false)
-			if err := old.Stopped(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))); err != nil {
-				t.Fatal(err)
-			}
-			tcs, err := r.conn.TaskConfigs(1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.tasks[0] = &Task{}
-			if err := r.tasks[0].Start(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger)), tcs[0]); err != nil {
-				t.Fatal(err)
-			}
+			r.restartTask()
 			again := poll(3)
 			r.quiet()
 			var last string
@@ -235,19 +223,7 @@ func TestKeyChangesOfAPartlyDeliveredGroupResume(t *testing.T) {
 	if err := r.tasks[0].Commit(testCtx(t), recs[:len(recs)-4]); err != nil {
 		t.Fatal(err)
 	}
-	old := r.tasks[0]
-	old.Stop(false)
-	if err := old.Stopped(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))); err != nil {
-		t.Fatal(err)
-	}
-	tcs, err := r.conn.TaskConfigs(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.tasks[0] = &Task{}
-	if err := r.tasks[0].Start(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger)), tcs[0]); err != nil {
-		t.Fatal(err)
-	}
+	r.restartTask()
 	again := poll(6)
 	r.quiet()
 	var got []string

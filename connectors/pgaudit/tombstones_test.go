@@ -138,19 +138,7 @@ func TestTombstoneDeliversItsDelete(t *testing.T) {
 	}
 
 	// A restart before the tombstone was acknowledged: both again.
-	old := r.tasks[0]
-	old.Stop(false)
-	if err := old.Stopped(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))); err != nil {
-		t.Fatal(err)
-	}
-	tcs, err := r.conn.TaskConfigs(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.tasks[0] = &Task{}
-	if err := r.tasks[0].Start(connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger)), tcs[0]); err != nil {
-		t.Fatal(err)
-	}
+	r.restartTask()
 	del, tomb := poll(), poll()
 	if got := recordLine(t, del) + " / " + recordLine(t, tomb); got != `t d {"id":7} / tombstone {"id":7}` {
 		t.Fatalf("after the restart: %s, want the delete and its tombstone", got)
