@@ -430,3 +430,44 @@ func (r *running) restartTask() {
 		r.t.Fatal(err)
 	}
 }
+
+// pollUncommitted polls the connector's only task until it returned at
+// least want records (failing after 10 s), and commits none of them.
+func (r *running) pollUncommitted(want int) []connect.SourceRecord {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(testCtx(r.t), 10*time.Second)
+	defer cancel()
+	var recs []connect.SourceRecord
+	for len(recs) < want {
+		got, err := r.tasks[0].Poll(ctx)
+		if err != nil {
+			r.t.Fatalf("Poll: %v (after %d records)", err, len(recs))
+		}
+		recs = append(recs, got...)
+	}
+	return recs
+}
+
+// connectorWithoutTasks starts a connector on a new one-column table and
+// stops its tasks, so that only task instances a test starts itself (from
+// the returned task configs) hold connections.
+func connectorWithoutTasks(t *testing.T, prefix string) (*pgxpool.Pool, *running, []connect.Config) {
+	t.Helper()
+	db, url := admin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY)`)
+	r := startConnector(t, baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), s+".t"), connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	tcs, err := r.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range r.tasks {
+		task.Stop(false)
+		if err := task.Stopped(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.tasks = nil
+	return db, r, tcs
+}

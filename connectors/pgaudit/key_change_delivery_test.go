@@ -1,10 +1,8 @@
 package pgaudit
 
 import (
-	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 )
@@ -38,16 +36,7 @@ func TestKeyChangeCreateAloneDoesNotDeliver(t *testing.T) {
 		t.Fatalf("%d audit rows, want a single one and a group", before)
 	}
 	want := 3 + 3*bulk
-	ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
-	defer cancel()
-	var recs []connect.SourceRecord
-	for len(recs) < want {
-		got, err := r.tasks[0].Poll(ctx)
-		if err != nil {
-			t.Fatalf("Poll: %v", err)
-		}
-		recs = append(recs, got...)
-	}
+	recs := r.pollUncommitted(want)
 	var creates, rest []connect.SourceRecord
 	for _, rec := range recs {
 		if rec.Value != nil && decode(t, rec).Op == "c" {
@@ -102,20 +91,7 @@ func TestKeyChangeResentNotAfterALaterChangeOfItsKey(t *testing.T) {
 			r.collectRecords(1)
 			mustExec(t, db, `UPDATE `+tbl+` SET id = 2 WHERE id = 1`)
 			mustExec(t, db, fmt.Sprintf(tc.later, tbl))
-			poll := func(want int) []connect.SourceRecord {
-				t.Helper()
-				ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
-				defer cancel()
-				var recs []connect.SourceRecord
-				for len(recs) < want {
-					got, err := r.tasks[0].Poll(ctx)
-					if err != nil {
-						t.Fatalf("Poll: %v", err)
-					}
-					recs = append(recs, got...)
-				}
-				return recs
-			}
+			poll := r.pollUncommitted
 			lines := func(recs []connect.SourceRecord) []string {
 				var out []string
 				for _, rec := range recs {
@@ -204,20 +180,7 @@ func TestKeyChangesOfAPartlyDeliveredGroupResume(t *testing.T) {
 	mustExec(t, db, fmt.Sprintf(`INSERT INTO %s SELECT g FROM generate_series(1, %d) g`, tbl, bulk))
 	r.collectRecords(bulk)
 	mustExec(t, db, `UPDATE `+tbl+` SET id = id + 1000`)
-	poll := func(want int) []connect.SourceRecord {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
-		defer cancel()
-		var recs []connect.SourceRecord
-		for len(recs) < want {
-			got, err := r.tasks[0].Poll(ctx)
-			if err != nil {
-				t.Fatalf("Poll: %v (after %d records)", err, len(recs))
-			}
-			recs = append(recs, got...)
-		}
-		return recs
-	}
+	poll := r.pollUncommitted
 	recs := poll(3 * bulk)
 	// All but the create of the second-to-last change and the last change.
 	if err := r.tasks[0].Commit(testCtx(t), recs[:len(recs)-4]); err != nil {

@@ -86,23 +86,7 @@ func TestLeakTaskLifecycle(t *testing.T) {
 // A task stopped while it starts leaves nothing behind once Stopped
 // returned, wherever the Stop lands.
 func TestLeakStopDuringStart(t *testing.T) {
-	db, url := admin(t)
-	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("leakstart-"), url, auditSchemaFor(t, db), s+".t")
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-	tcs, err := r.conn.TaskConfigs(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, task := range r.tasks {
-		task.Stop(false)
-		if err := task.Stopped(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.tasks = nil
+	db, r, tcs := connectorWithoutTasks(t, "leakstart-")
 	mustExec(t, db, `SELECT 1`)
 	for _, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond} {
 		before := testenv.GoroutineIDs()

@@ -893,24 +893,7 @@ func TestStopAloneInterruptsPoll(t *testing.T) {
 // (from another goroutine) before Start got far. Start must return
 // promptly, and Stopped must release every connection it opened.
 func TestStopDuringStart(t *testing.T) {
-	db, url := admin(t)
-	s := newSchema(t, db)
-	mustExec(t, db, `CREATE TABLE `+qualified(s, "t")+` (id int PRIMARY KEY)`)
-	cfg := baseConfig(testenv.Unique("stopstart-"), url, auditSchemaFor(t, db), s+".t")
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	defer func() { _ = r.stop(true) }()
-	tcs, err := r.conn.TaskConfigs(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Only the instances under test may hold connections.
-	for _, task := range r.tasks {
-		task.Stop(false)
-		if err := task.Stopped(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r.tasks = nil
+	db, r, tcs := connectorWithoutTasks(t, "stopstart-")
 	awaitNoConnections(t, db, r.name)
 	// Delays spread where Stop lands: before Start, during the connect,
 	// the catalog reads, the LISTEN, or after Start returned.

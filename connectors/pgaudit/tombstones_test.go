@@ -203,16 +203,7 @@ func TestKeyChangeWithTombstones(t *testing.T) {
 
 			// Delivered with the create, not before.
 			mustExec(t, db, `UPDATE `+tbl+` SET id = 5000 WHERE id = 1001`)
-			ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
-			defer cancel()
-			var split []connect.SourceRecord
-			for len(split) < 3 {
-				got, err := r.tasks[0].Poll(ctx)
-				if err != nil {
-					t.Fatalf("Poll: %v", err)
-				}
-				split = append(split, got...)
-			}
+			split := r.pollUncommitted(3)
 			if err := r.tasks[0].Commit(testCtx(t), split[:2]); err != nil {
 				t.Fatal(err)
 			}
