@@ -80,7 +80,26 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return provision(ctx, conn, s, h)
+	if err := provision(ctx, conn, s, h); err != nil {
+		return err
+	}
+	warnTwoPhaseCommit(ctx, conn, s, h)
+	return nil
+}
+
+// warnTwoPhaseCommit warns when the server allows prepared transactions
+// while tasks wake up by NOTIFY: a writer's PREPARE TRANSACTION fails
+// after a captured change sent one (docs/decisions/0072).
+func warnTwoPhaseCommit(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host) {
+	if !s.notify {
+		return
+	}
+	var prepared int
+	if err := conn.QueryRow(ctx, `SELECT pg_catalog.current_setting('max_prepared_transactions')::pg_catalog.int4`).Scan(&prepared); err != nil || prepared == 0 {
+		return
+	}
+	h.Logger.Warn("the server allows prepared transactions (max_prepared_transactions > 0): a writer that changes a captured table and then runs PREPARE TRANSACTION fails while a task waits for a NOTIFY; set "+KeyWakeupNotify+"=false if writers use two-phase commit",
+		"max_prepared_transactions", prepared)
 }
 
 // TaskConfigs spreads the tables round-robin over at most maxTasks tasks.
@@ -121,6 +140,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		}
 		if len(s.excluded) > 0 {
 			tc[KeyColumnExcludeList] = s.excludedRaw
+		}
+		if !s.notify {
+			tc[KeyWakeupNotify] = "false"
 		}
 		out[i] = tc
 	}

@@ -42,6 +42,8 @@ const (
 	KeyMessageKeyColumns = "message.key.columns"
 	// KeyColumnExcludeList is Debezium's key of the same name.
 	KeyColumnExcludeList = "column.exclude.list"
+	// KeyWakeupNotify: whether writers wake waiting tasks with a NOTIFY.
+	KeyWakeupNotify = "wakeup.notify"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -121,6 +123,8 @@ func ConfigDef() connect.ConfigDef {
 		{Name: KeyColumnExcludeList, Type: connect.TypeList, Importance: connect.ImportanceLow, Group: "Capture", Order: 14,
 			DisplayName: "Excluded columns", Doc: `Columns left out of the records' before and after images (as Debezium's key of this name, with literal names instead of patterns): comma-separated schema.table.column (table.column means public), each table one of tables; double-quote a name that contains '.' or ',', or starts with '"' (as in tables). The record key still holds its columns.`,
 			Validate: func(v string) error { _, err := parseExcludedColumns(v); return err }},
+		{Name: KeyWakeupNotify, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceLow, Group: "Capture", Order: 15,
+			DisplayName: "Wake-ups by NOTIFY", Doc: "true: a task that has drained the audit table asks writers for a NOTIFY, so it reads a change milliseconds after its COMMIT. false: tasks only poll, every poll.interval.ms, and no writer ever sends a NOTIFY; needed where writers of the captured tables use two-phase commit (PREPARE TRANSACTION fails in a transaction that sent a NOTIFY). Lower poll.interval.ms for latency."},
 	}
 }
 
@@ -171,6 +175,9 @@ type settings struct {
 	// the images.
 	excluded    map[tableName]map[string]bool
 	excludedRaw string
+	// notify: wakeup.notify, tasks LISTEN and ask writers for NOTIFYs
+	// when idle (docs/decisions/0072).
+	notify bool
 }
 
 // capture.order and capture.level values.
@@ -228,6 +235,10 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
 	s.tombstones, _ = cfg.Bool(KeyTombstonesOnDelete, false)
+	s.notify = true
+	if v, err := cfg.Bool(KeyWakeupNotify, true); err == nil {
+		s.notify = v
+	}
 	if len(errs[KeyColumnExcludeList]) == 0 {
 		s.excluded, _ = parseExcludedColumns(cfg[KeyColumnExcludeList])
 		s.excludedRaw = cfg[KeyColumnExcludeList]

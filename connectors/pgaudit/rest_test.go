@@ -51,6 +51,7 @@ func TestREST(t *testing.T) {
 		{"unknown snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "always" }},
 		{"blank snapshot mode", s + ".orders", pwURL, KeySnapshotMode, func(c connect.Config) { c[KeySnapshotMode] = "" }},
 		{"tombstones not a boolean", s + ".orders", pwURL, KeyTombstonesOnDelete, func(c connect.Config) { c[KeyTombstonesOnDelete] = "yes" }},
+		{"wake-up notify not a boolean", s + ".orders", pwURL, KeyWakeupNotify, func(c connect.Config) { c[KeyWakeupNotify] = "off" }},
 		{"malformed key columns", s + ".orders", pwURL, KeyMessageKeyColumns, func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".orders" }},
 		{"key columns of a table not captured", s + ".orders", pwURL, "is not one of tables", func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".other:id" }},
 		{"key column missing", s + ".orders", pwURL, `has no column \"nope\"`, func(c connect.Config) { c[KeyMessageKeyColumns] = s + ".orders:id,nope" }},

@@ -247,7 +247,15 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.pruneSQL = `DELETE FROM ` + wt + ` WHERE task >= $1`
 	t.countSQL = `SELECT pg_catalog.setval(` + quoteLiteral(pgx.Identifier{s.auditSchema, t.n.waiters}.Sanitize()) + `::pg_catalog.regclass, (SELECT count(*) FROM ` + wt + ` WHERE waiting), true)`
 	t.mark = markUnknown // a row left by an earlier run of this task may say waiting
-	if err := t.listen(ctx); err != nil {
+	if !s.notify {
+		// Polling only: a row an earlier run (or a task no longer
+		// configured) left saying waiting would keep writers notifying,
+		// and a NOTIFY makes a writer's PREPARE TRANSACTION fail.
+		if err := t.setWaiting(ctx, false, false); err != nil {
+			return fmt.Errorf("clearing the wake-up marks in %s.%s (%s=false): %w", s.auditSchema, t.n.wakeup, KeyWakeupNotify, err)
+		}
+		t.mark = markClear
+	} else if err := t.listen(ctx); err != nil {
 		return err
 	}
 	t.host.Logger.Info("task started", "tables", len(t.tables))
@@ -454,6 +462,14 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		if !time.Now().Before(deadline) {
 			return nil, nil
+		}
+		if !t.s.notify && t.emptyReads >= spinReads {
+			// No NOTIFYs (wakeup.notify=false): read again at the
+			// deadline.
+			if err := sleepCtx(ctx, time.Until(deadline)); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if t.mark != markWaiting && t.emptyReads < spinReads {
 			// Just drained: under a steady stream the next change is a few

@@ -56,7 +56,9 @@ func PostgresURL(t testing.TB) string {
 		defer cancel()
 		c, err := tcpostgres.Run(ctx, "postgres:16-alpine",
 			tcpostgres.WithDatabase("test"), tcpostgres.WithUsername("postgres"),
-			tcpostgres.WithPassword("postgres"), tcpostgres.BasicWaitStrategies())
+			tcpostgres.WithPassword("postgres"), tcpostgres.BasicWaitStrategies(),
+			// pgaudit's two-phase commit test prepares transactions.
+			testcontainers.WithCmdArgs("-c", "max_prepared_transactions=16"))
 		if err != nil {
 			pgErr = err
 			return
