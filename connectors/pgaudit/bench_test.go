@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -152,23 +153,29 @@ END $$`)
 	// NOTIFY, and the database serves the task's reads and deletes.
 	// "statement_order": capture.order = statement, with nothing at COMMIT
 	// (the default, commit, renumbers rows others drew past; decision 0046).
+	// "explicit_tx": each statement inside BEGIN ... COMMIT, as ORMs and
+	// pgbench scripts send them (two more round trips per transaction);
+	// the others are autocommit statements.
 	for _, v := range []struct {
 		name     string
 		extra    connect.Config
 		consumed bool
+		explicit bool
 	}{
-		{"single_row_tx_4_clients", nil, false},
-		{"single_row_tx_4_clients_consumed", nil, true},
-		{"single_row_tx_4_clients_statement_order", connect.Config{KeyCaptureOrder: orderStatement}, false},
-		{"single_row_tx_4_clients_row_level", connect.Config{KeyCaptureLevel: levelRow}, false},
-		{"single_row_tx_4_clients_row_level_consumed", connect.Config{KeyCaptureLevel: levelRow}, true},
+		{"single_row_tx_4_clients", nil, false, false},
+		{"single_row_tx_4_clients_consumed", nil, true, false},
+		{"single_row_tx_4_clients_statement_order", connect.Config{KeyCaptureOrder: orderStatement}, false, false},
+		{"single_row_tx_4_clients_row_level", connect.Config{KeyCaptureLevel: levelRow}, false, false},
+		{"single_row_tx_4_clients_row_level_consumed", connect.Config{KeyCaptureLevel: levelRow}, true, false},
+		{"single_row_explicit_tx_4_clients", nil, false, true},
+		{"single_row_explicit_tx_4_clients_statement_order", connect.Config{KeyCaptureOrder: orderStatement}, false, true},
 	} {
-		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.extra, v.consumed) })
+		b.Run(v.name, func(b *testing.B) { singleRowOverhead(b, db, url, v.extra, v.consumed, v.explicit) })
 	}
 
 	b.Run("single_row_tx_4_clients_partitioned", func(b *testing.B) {
 		plain, captured, r := benchPartitionedTables(b, db, url)
-		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
+		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r), false)
 	})
 
 	// The floor of any trigger-based capture on this machine: the same
@@ -185,7 +192,7 @@ END $$`)
 		mustExec(b, db, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$BEGIN RETURN NULL; END$$`)
 		mustExec(b, db, `CREATE TRIGGER ins AFTER INSERT ON `+captured+` REFERENCING NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
 		mustExec(b, db, `CREATE TRIGGER upd AFTER UPDATE ON `+captured+` REFERENCING OLD TABLE AS o NEW TABLE AS n FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`()`)
-		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured)
+		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured, false)
 	})
 }
 
@@ -211,7 +218,7 @@ func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log strin
 	report(b, tp, tc)
 }
 
-func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed bool) {
+func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed, explicit bool) {
 	plain, captured, r := benchTables(b, db, url, extra)
 	if consumed {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -234,14 +241,25 @@ func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect
 		})
 		defer func() { cancel(); wg.Wait() }()
 	}
-	singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r))
+	singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r), explicit)
 }
 
 // singleRowRounds runs 4 clients of single-row transactions (an INSERT,
-// then an UPDATE of that row, each its own transaction) against plain and
+// then an UPDATE of that row, each its own transaction: an autocommit
+// statement, or inside BEGIN ... COMMIT if explicit) against plain and
 // captured in turn, truncating before each round, and reports the ratio.
-func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate string) {
+func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate string, explicit bool) {
 	const clients, perClient = 4, 1000
+	exec := func(sql string, args ...any) error {
+		if !explicit {
+			_, err := db.Exec(context.Background(), sql, args...)
+			return err
+		}
+		return pgx.BeginFunc(context.Background(), db, func(tx pgx.Tx) error {
+			_, err := tx.Exec(context.Background(), sql, args...)
+			return err
+		})
+	}
 	run := func(table string, round int) time.Duration {
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -249,11 +267,11 @@ func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate s
 			wg.Go(func() {
 				for k := range perClient {
 					id := ((round*clients+c)*perClient + k)
-					if _, err := db.Exec(context.Background(), `INSERT INTO `+table+` VALUES ($1, $2, $3, $4, now())`, id, id%1000, "name", 1.25); err != nil {
+					if err := exec(`INSERT INTO `+table+` VALUES ($1, $2, $3, $4, now())`, id, id%1000, "name", 1.25); err != nil {
 						b.Error(err)
 						return
 					}
-					if _, err := db.Exec(context.Background(), `UPDATE `+table+` SET a = a + 1 WHERE id = $1`, id); err != nil {
+					if err := exec(`UPDATE `+table+` SET a = a + 1 WHERE id = $1`, id); err != nil {
 						b.Error(err)
 						return
 					}
