@@ -144,6 +144,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		if !s.notify {
 			tc[KeyWakeupNotify] = "false"
 		}
+		if s.incremental {
+			tc[KeySnapshotMode] = snapshotIncremental
+		}
 		out[i] = tc
 	}
 	return out, nil
@@ -768,6 +771,24 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			adopt = append(adopt, markedObject{functionRes(db, s.auditSchema, n.order), orderMarker})
 		}
 	}
+	// The incremental snapshots' progress table, made only under
+	// snapshot.mode=incremental and kept (with what it still holds) when
+	// the mode changes: dropped with the connector.
+	var snapshotTableExists bool
+	var snapshotMarker *string
+	if err := tx.QueryRow(ctx, `SELECT c.oid IS NOT NULL, obj_description(c.oid, 'pg_class')
+FROM (SELECT 1) x LEFT JOIN pg_catalog.pg_class c
+  ON c.relname = $2 AND c.relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1)`,
+		s.auditSchema, n.snapshot).Scan(&snapshotTableExists, &snapshotMarker); err != nil {
+		return fmt.Errorf("provisioning: inspecting existing objects: %w", err)
+	}
+	if snapshotTableExists {
+		if !isMarked(snapshotMarker, n.marker) && s.incremental {
+			return fmt.Errorf("%s: %s=%s needs the table %s.%s, which exists but is not this connector's (no marker): nothing was changed; drop or rename it, or choose another %s",
+				KeySnapshotMode, KeySnapshotMode, snapshotIncremental, pgx.Identifier{s.auditSchema}.Sanitize(), pgx.Identifier{n.snapshot}.Sanitize(), KeyAuditSchema)
+		}
+		adopt = append(adopt, markedObject{tableRes(db, s.auditSchema, n.snapshot), snapshotMarker})
+	}
 	for i, a := range adopt {
 		// The audit schema another pgaudit connector made is shared: each
 		// connector that uses it owns it too, so that whichever is deleted
@@ -850,6 +871,15 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			return err
 		}
 	}
+	if s.incremental && !snapshotTableExists {
+		if err := own(tableRes(db, s.auditSchema, n.snapshot)); err != nil {
+			return err
+		}
+		if err := add("0008_snapshot_progress.up.sql", "", v); err != nil {
+			return err
+		}
+	}
+	progress := s.incremental || (snapshotTableExists && isMarked(snapshotMarker, n.marker))
 	// A function is (re)created when missing or when it carries our
 	// marker, so an upgrade ships a new body; someone else's is left alone.
 	makeFunction := !functionExists || isMarked(functionMarker, n.marker)
@@ -1154,6 +1184,9 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
 			continue
 		}
 		fmt.Fprintf(&script, "DELETE FROM %s WHERE schema_name = %s AND table_name = %s;\n", v.Table, quoteLiteral(name.Schema), quoteLiteral(name.Name))
+		if progress {
+			fmt.Fprintf(&script, "DELETE FROM %s WHERE filed_schema = %s AND filed_table = %s;\n", v.Snapshot, quoteLiteral(name.Schema), quoteLiteral(name.Name))
+		}
 	}
 	if len(moveTo) > 0 {
 		var values []string
@@ -1173,9 +1206,13 @@ SELECT (SELECT obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace
   image_relid = CASE WHEN %s THEN NULL ELSE a.image_relid END
 FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name = m.from_s AND a.table_name = m.from_t;
 `, v.Table, own, own, own, strings.Join(values, ", "))
+		if progress {
+			fmt.Fprintf(&script, "UPDATE %s AS p SET filed_schema = m.to_s, filed_table = m.to_t FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE p.filed_schema = m.from_s AND p.filed_table = m.from_t;\n",
+				v.Snapshot, strings.Join(values, ", "))
+		}
 	}
 
-	var snapshots []tableName
+	var snapshots, incremental []tableName
 	for _, t := range s.tables {
 		created := 0
 		for _, trig := range wantedTriggers(t) {
@@ -1201,15 +1238,40 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 		// A table none of whose capture triggers existed (none of the
 		// connector's triggers was on it, of either kind) is captured from
 		// now on: its current rows go first (docs/decisions/0070).
-		if _, had := relidOf[t]; s.snapshot && !had && created == len(wantedTriggers(t)) {
+		if _, had := relidOf[t]; (s.snapshot || s.incremental) && !had && created == len(wantedTriggers(t)) {
 			tv := v
 			tv.Captured = t.quoted()
 			tv.CapturedSchemaLiteral, tv.CapturedNameLiteral = quoteLiteral(t.Schema), quoteLiteral(t.Name)
-			if err := add("0007_initial_snapshot.up.sql", "", tv); err != nil {
-				return err
+			tv.CapturedLiteral = quoteLiteral(t.quoted())
+			if s.incremental {
+				// Measured now, under the triggers' lock; the tasks copy
+				// after the commit (docs/decisions/0073).
+				if err := add("0008_snapshot_progress.up.sql", "start", tv); err != nil {
+					return err
+				}
+				incremental = append(incremental, t)
+			} else {
+				if err := add("0007_initial_snapshot.up.sql", "", tv); err != nil {
+					return err
+				}
+				snapshots = append(snapshots, t)
 			}
-			snapshots = append(snapshots, t)
 		}
+	}
+	if progress {
+		// Progress of tables no longer captured under that name, or of a
+		// relation no longer theirs (renamed away, a partition detached,
+		// a new table under the old name), goes: the tasks copy only what
+		// belongs to a configured table.
+		var keep []string
+		for _, t := range s.tables {
+			keep = append(keep, fmt.Sprintf("(%s, %s)", quoteLiteral(t.Schema), quoteLiteral(t.Name)))
+		}
+		fmt.Fprintf(&script, `DELETE FROM %s AS p WHERE NOT EXISTS (SELECT 1 FROM (VALUES %s) AS c(s, t)
+  WHERE p.filed_schema = c.s AND p.filed_table = c.t
+    AND p.relid IN (SELECT pt.relid FROM pg_catalog.pg_partition_tree(pg_catalog.format('%%I.%%I', c.s, c.t)::pg_catalog.regclass) pt WHERE pt.isleaf
+                    UNION SELECT pg_catalog.format('%%I.%%I', c.s, c.t)::pg_catalog.regclass::pg_catalog.oid));
+`, v.Snapshot, strings.Join(keep, ", "))
 	}
 	// The commit-order trigger last: creating or dropping it locks the
 	// audit table, and a capturing writer locks its table first and the
@@ -1286,6 +1348,9 @@ FROM (VALUES %s) AS m(from_s, from_t, to_s, to_t, to_relid) WHERE a.schema_name 
 	}
 	for _, t := range snapshots {
 		h.Logger.Info("initial snapshot: the table's current rows were copied into the audit table and go out first, as 'r' records", "table", t.String())
+	}
+	for _, t := range incremental {
+		h.Logger.Info("incremental snapshot: the tasks copy the table's current rows, a few pages at a time, and send them as 'r' records", "table", t.String())
 	}
 	h.Logger.Info("provisioned", "audit_table", v.Table, "tables", len(s.tables), "created", len(newly))
 	return nil

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -113,8 +114,8 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Capture level", Doc: "statement: plain tables are captured by statement-level triggers, one call per statement, cheapest for statements that change many rows. row: by a row-level trigger, one call per changed row, cheapest for statements that change one row and several times dearer for bulk statements; needed for per-row order when a table's own AFTER triggers write it again. Partitioned tables and partitions are always captured row by row (see docs/pgaudit.md).",
 			Validate: oneOf(levelStatement, levelRow)},
 		{Name: KeySnapshotMode, Type: connect.TypeString, Default: snapshotNever, Importance: connect.ImportanceMedium, Group: "Capture", Order: 11,
-			DisplayName: "Snapshot mode", Doc: "never: only changes made after a table's capture triggers were installed are sent. initial: when a Start installs a table's capture triggers (the first Start, or the one that added the table), the rows already in it are sent first, as 'r' records, consistently with the changes that follow; writers of that table wait while its rows are copied into the audit table (see docs/pgaudit.md).",
-			Validate: oneOf(snapshotNever, snapshotInitial)},
+			DisplayName: "Snapshot mode", Doc: "never: only changes made after a table's capture triggers were installed are sent. initial: when a Start installs a table's capture triggers (the first Start, or the one that added the table), the rows already in it are sent first, as 'r' records, consistently with the changes that follow; writers of that table wait while its rows are copied into the audit table. incremental: the same rows are sent as 'r' records too, but copied after the Start by the tasks, a few pages at a time in short transactions, between the changes: writers wait only for a chunk that holds a row they change; a row's 'r' may follow its changes, never carrying an older state than one sent before it (see docs/pgaudit.md).",
+			Validate: oneOf(snapshotNever, snapshotInitial, snapshotIncremental)},
 		{Name: KeyTombstonesOnDelete, Type: connect.TypeBoolean, Default: "false", Importance: connect.ImportanceMedium, Group: "Capture", Order: 12,
 			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a primary key is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
 		{Name: KeyMessageKeyColumns, Type: connect.TypeString, Importance: connect.ImportanceLow, Group: "Capture", Order: 13,
@@ -128,13 +129,17 @@ func ConfigDef() connect.ConfigDef {
 	}
 }
 
-// oneOf accepts exactly a or b.
-func oneOf(a, b string) func(string) error {
+// oneOf accepts exactly one of values.
+func oneOf(values ...string) func(string) error {
 	return func(v string) error {
-		if v != a && v != b {
-			return fmt.Errorf("must be %q or %q", a, b)
+		if slices.Contains(values, v) {
+			return nil
 		}
-		return nil
+		quoted := make([]string, len(values))
+		for i, a := range values {
+			quoted[i] = strconv.Quote(a)
+		}
+		return fmt.Errorf("must be %s or %s", strings.Join(quoted[:len(quoted)-1], ", "), quoted[len(quoted)-1])
 	}
 }
 
@@ -164,6 +169,9 @@ type settings struct {
 	rowLevel bool
 	// snapshot: snapshot.mode = initial (docs/decisions/0070).
 	snapshot bool
+	// incremental: snapshot.mode = incremental, copied in chunks by the
+	// tasks (docs/decisions/0073).
+	incremental bool
 	// tombstones: tombstones.on.delete, a null-value record after each
 	// keyed delete.
 	tombstones bool
@@ -187,8 +195,9 @@ const (
 	levelStatement = "statement"
 	levelRow       = "row"
 
-	snapshotNever   = "never"
-	snapshotInitial = "initial"
+	snapshotNever       = "never"
+	snapshotInitial     = "initial"
+	snapshotIncremental = "incremental"
 )
 
 // parseSettings checks cfg against ConfigDef and returns every problem,
@@ -234,6 +243,7 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit
 	s.rowLevel = cfg[KeyCaptureLevel] == levelRow
 	s.snapshot = cfg[KeySnapshotMode] == snapshotInitial
+	s.incremental = cfg[KeySnapshotMode] == snapshotIncremental
 	s.tombstones, _ = cfg.Bool(KeyTombstonesOnDelete, false)
 	s.notify = true
 	if v, err := cfg.Bool(KeyWakeupNotify, true); err == nil {
@@ -302,6 +312,7 @@ type names struct {
 	// partitioned tables and partitions (docs/decisions/0048).
 	rowFunction, rowTrigger string
 	order                   string // commit-order function and its trigger on the audit table
+	snapshot                string // incremental snapshots' progress table
 	channel                 string // LISTEN/NOTIFY channel
 	marker                  string // comment marking owned objects
 }
@@ -345,6 +356,7 @@ func objectNames(connector string) names {
 		// again (docs/pgaudit.md, "Order").
 		rowTrigger: "!" + base + "_row",
 		order:      base + "_order",
+		snapshot:   base + "_snapshot",
 		channel:    "tidyconnect_" + base,
 		marker:     markerPrefix + connector,
 	}

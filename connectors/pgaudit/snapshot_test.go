@@ -224,7 +224,7 @@ func TestSnapshotModeValidation(t *testing.T) {
 	for _, tc := range []struct {
 		value string
 		bad   bool
-	}{{"never", false}, {"initial", false}, {"always", true}, {" ", true}} {
+	}{{"never", false}, {"initial", false}, {"incremental", false}, {"always", true}, {" ", true}} {
 		cfg := connect.Config{KeyURL: "postgres://h/db", KeyTables: "t", KeyTopicPrefix: "p", KeySnapshotMode: tc.value}
 		_, errs := parseSettings("c", cfg)
 		if got := len(errs[KeySnapshotMode]) > 0; got != tc.bad {

@@ -31,6 +31,9 @@ type sqlVars struct {
 	// new images grouped without pairing rows (docs/decisions/0044).
 	Single, Chunk         int
 	GroupBytes, SideBytes int
+	// Snapshot is the incremental snapshots' progress table; the captured
+	// table's quoted name as a string literal is CapturedLiteral.
+	Snapshot, CapturedLiteral string
 	// Order is the commit-order function's quoted name (capture.order =
 	// commit); OrderLiteral and TableLiteral are it and Table as string
 	// literals, for the block that creates the function.
@@ -119,6 +122,7 @@ func (n names) vars(auditSchema string) sqlVars {
 		Function:       pgx.Identifier{auditSchema, n.function}.Sanitize(),
 		RowFunction:    pgx.Identifier{auditSchema, n.rowFunction}.Sanitize(),
 		Order:          pgx.Identifier{auditSchema, n.order}.Sanitize(),
+		Snapshot:       pgx.Identifier{auditSchema, n.snapshot}.Sanitize(),
 		OrderLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.order}.Sanitize()),
 		TableLiteral:   quoteLiteral(pgx.Identifier{auditSchema, n.table}.Sanitize()),
 		Channel:        quoteLiteral(n.channel),

@@ -95,6 +95,13 @@ type Task struct {
 	pendingProgress map[int64]int          // partly acknowledged rows: delivered count not yet written
 	backoff         time.Duration
 	closeOnce       sync.Once
+
+	// auditTable and snapshotTable are the quoted names of the audit
+	// table and of the incremental snapshots' progress table;
+	// snapshotPending is true until copyChunk found nothing left to copy
+	// (snapshot.mode=incremental).
+	auditTable, snapshotTable string
+	snapshotPending           bool
 }
 
 var _ connect.SourceTask = (*Task)(nil)
@@ -234,6 +241,9 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 		return err
 	}
 	at := pgx.Identifier{s.auditSchema, t.n.table}.Sanitize()
+	t.auditTable = at
+	t.snapshotTable = pgx.Identifier{s.auditSchema, t.n.snapshot}.Sanitize()
+	t.snapshotPending = s.incremental
 	t.selectSQL = readQueries(at, t.all)
 	t.deleteSQL = `DELETE FROM ` + at + ` WHERE id = ANY($1::bigint[])`
 	t.deleteRangeSQL = `DELETE FROM ` + at + ` WHERE id BETWEEN $1 AND $2`
@@ -459,6 +469,25 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 				}
 			}
 			return recs, nil
+		}
+		if t.snapshotPending {
+			// Nothing waiting: copy the next chunk of an incremental
+			// snapshot, and read it.
+			copied, err := t.copyChunk(ctx)
+			switch {
+			case err != nil && interrupted() != nil:
+				t.scheduleUnmark()
+				return nil, interrupted()
+			case err != nil && (transient(err) || lockTimedOut(err)):
+				t.retryLater(ctx, "copying a chunk of an incremental snapshot", err)
+				return nil, nil
+			case err != nil:
+				return nil, fmt.Errorf("incremental snapshot (%s=%s): %w", KeySnapshotMode, snapshotIncremental, err)
+			case copied && time.Now().Before(deadline):
+				continue
+			case copied:
+				return nil, nil // the next Poll reads it
+			}
 		}
 		if !time.Now().Before(deadline) {
 			return nil, nil

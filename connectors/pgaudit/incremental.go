@@ -1,0 +1,145 @@
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// snapshotChunkPages is how many heap pages one chunk of an incremental
+// snapshot copies, in one short transaction (a variable for tests).
+var snapshotChunkPages int64 = 64
+
+// copyChunk copies the next chunk of one of the task's pending incremental
+// snapshots into the audit table, as 'r' changes that the task then reads
+// like any others (docs/decisions/0073). It reports whether there was
+// anything to do; once nothing is pending it stops looking until the next
+// Start.
+//
+// The chunk's rows are read FOR SHARE: a writer that changed one of them
+// and has not committed is waited for (and its change read), and a writer
+// that comes later waits for the chunk's commit, so its change is drawn
+// after the chunk's rows. A row's 'r' therefore never carries an older
+// state than a change sent before it.
+func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
+	tx, err := t.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// A chunk waits for writers of its rows and for a rewrite in progress;
+	// the next Poll tries again rather than holding the task up.
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '2s', true), pg_catalog.set_config('row_security', 'off', true)`); err != nil {
+		return false, err
+	}
+	var schemas, names []string
+	for _, tn := range t.tables {
+		schemas, names = append(schemas, tn.Schema), append(names, tn.Name)
+	}
+	var (
+		relid                   uint32
+		filedSchema, filedTable string
+		filenode                uint32
+		next, end               int64
+		leafSchema, leafTable   *string
+		currentNode             *uint32
+		currentBlocks           *int64
+	)
+	// One of the task's tables, locked against another instance of the
+	// task (an older one still stopping) copying the same chunk.
+	err = tx.QueryRow(ctx, `SELECT p.relid, p.filed_schema, p.filed_table, p.filenode, p.next_block, p.end_block,
+       ns.nspname::text, c.relname::text, pg_catalog.pg_relation_filenode(c.oid),
+       pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8
+FROM `+t.snapshotTable+` p
+LEFT JOIN pg_catalog.pg_class c ON c.oid = p.relid
+LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+WHERE (p.filed_schema, p.filed_table) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+ORDER BY p.filed_schema, p.filed_table, p.relid
+LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &currentNode, &currentBlocks)
+	if errors.Is(err, pgx.ErrNoRows) {
+		t.snapshotPending = false
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	filed := tableName{filedSchema, filedTable}
+	done := func(what string) (bool, error) {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+t.snapshotTable+` WHERE relid = $1`, relid); err != nil {
+			return false, err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return false, err
+		}
+		t.host.Logger.Info(what, "table", filed.String(), "relid", relid)
+		return true, nil
+	}
+	if leafTable == nil {
+		return done("incremental snapshot: a relation of the table is gone; nothing left to copy of it")
+	}
+	leaf := tableName{*leafSchema, *leafTable}
+	// ROW SHARE: writers go on; a rewrite (VACUUM FULL, CLUSTER, ALTER
+	// TABLE ... TYPE) waits for the chunk, or the chunk for it.
+	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY `+leaf.quoted()+` IN ROW SHARE MODE`); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8`, relid).Scan(&currentNode, &currentBlocks); err != nil {
+		return false, err
+	}
+	if currentNode != nil && *currentNode != filenode {
+		// Rewritten since the copy began: rows moved between pages, some
+		// into pages already copied. Start again from the first page, up
+		// to the new end (rows past it came later, under the triggers).
+		t.host.Logger.Info("incremental snapshot: the table was rewritten since its copy began (VACUUM FULL, CLUSTER, a column type change); copying it again from the start", "table", filed.String(), "relation", leaf.String())
+		filenode, next, end = *currentNode, 0, *currentBlocks
+		if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET filenode = $2, next_block = 0, end_block = $3 WHERE relid = $1`, relid, filenode, end); err != nil {
+			return false, err
+		}
+	}
+	if next >= end {
+		return done("incremental snapshot: the table's rows are copied")
+	}
+	upto := min(next+snapshotChunkPages, end)
+	var imgSchema, imgTable *string
+	var imgRelid *uint32
+	if leaf != filed {
+		// A partition, or a table renamed since: the images are of its row
+		// type (as the capture functions record them).
+		imgSchema, imgTable, imgRelid = &leaf.Schema, &leaf.Name, &relid
+	}
+	// Grouped as the blocking copy's (0007_initial_snapshot.up.sql): up to
+	// chunkChanges changes per audit row, fewer where their images pass
+	// groupBytes.
+	group := fmt.Sprintf(`(((g.rn OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) %d) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) %d)`, chunkChanges, groupBytes)
+	if _, err := tx.Exec(ctx, `INSERT INTO `+t.auditTable+` (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
+SELECT pg_catalog.pg_current_xact_id(), $1, $2, $3, $4, $5, 'r', pg_catalog.count(*), pg_catalog.array_send(pg_catalog.array_agg(g.r))
+FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
+      FROM (SELECT pg_catalog.record_send(c.*) AS r FROM ONLY `+leaf.quoted()+` c
+            WHERE c.ctid OPERATOR(pg_catalog.>=) $6::pg_catalog.tid AND c.ctid OPERATOR(pg_catalog.<) $7::pg_catalog.tid
+            FOR SHARE OF c OFFSET 0) s
+      WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
+GROUP BY `+group+` ORDER BY `+group,
+		filed.Schema, filed.Name, imgSchema, imgTable, imgRelid, fmt.Sprintf("(%d,0)", next), fmt.Sprintf("(%d,0)", upto)); err != nil {
+		return false, fmt.Errorf("copying pages %d to %d of %s: %w", next, upto, leaf.quoted(), err)
+	}
+	if upto >= end {
+		return done("incremental snapshot: the table's rows are copied")
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET next_block = $2 WHERE relid = $1`, relid, upto); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, err
+	}
+	t.host.Logger.Debug("incremental snapshot: copied a chunk", "table", filed.String(), "relation", leaf.String(), "pages", fmt.Sprintf("%d-%d of %d", next, upto, end))
+	return true, nil
+}
+
+// lockTimedOut reports whether err is a lock wait that ran out of time.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}

@@ -1,0 +1,326 @@
+package pgaudit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// pendingPages is how many pages the connector's incremental snapshots
+// still have to copy, and how many tables (leaves) they concern.
+func pendingPages(t *testing.T, db *pgxpool.Pool, r *running) (pages, tables int64) {
+	t.Helper()
+	if err := db.QueryRow(context.Background(), `SELECT coalesce(sum(end_block - next_block), 0), count(*) FROM `+qualified(r.cfg[KeyAuditSchema], objectNames(r.name).snapshot)).Scan(&pages, &tables); err != nil {
+		t.Fatal(err)
+	}
+	return pages, tables
+}
+
+// collectAll polls until the incremental snapshots are done and a Poll
+// finds nothing more.
+func (r *running) collectAll(db *pgxpool.Pool) []change {
+	r.t.Helper()
+	var got []change
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		more := r.drain()
+		got = append(got, more...)
+		if len(more) == 0 {
+			if _, left := pendingPages(r.t.(*testing.T), db, r); left == 0 {
+				return got
+			}
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the incremental snapshot did not finish within 60 s (%d records so far)", len(got))
+		}
+	}
+}
+
+// TestIncrementalSnapshotUnderWrites: with snapshot.mode=incremental the
+// Start only installs the triggers and measures the table; the task copies
+// it page by page while writers keep changing it. Replaying the records
+// gives the table's final state, and no record of a row carries an older
+// counter than one before it.
+func TestIncrementalSnapshotUnderWrites(t *testing.T) {
+	override(t, &snapshotChunkPages, 1)
+	for _, level := range []string{levelStatement, levelRow} {
+		t.Run(level, func(t *testing.T) {
+			db, url := admin(t)
+			s := newSchema(t, db)
+			table := qualified(s, "t")
+			mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
+			const rows = 4000
+			mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
+			cfg := baseConfig(testenv.Unique("incr-"), url, auditSchemaFor(t, db), s+".t")
+			cfg[KeySnapshotMode] = snapshotIncremental
+			cfg[KeyCaptureLevel] = level
+			cfg[KeyPollMaxRecords] = "500"
+			r := startConnector(t, cfg, connect.NewMemoryLedger())
+			t.Cleanup(func() { _ = r.stop(true) })
+
+			// Nothing copied by the Start: the whole table is pending.
+			pages, leaves := pendingPages(t, db, r)
+			if leaves != 1 || pages < 10 {
+				t.Fatalf("after Start: %d pages of %d tables pending, want the whole table (at least 10 pages) of 1", pages, leaves)
+			}
+			var copied int
+			if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM `+auditTable(r)).Scan(&copied); err != nil {
+				t.Fatal(err)
+			}
+			if copied != 0 {
+				t.Fatalf("%d audit rows after Start, want none (the tasks copy)", copied)
+			}
+
+			stopWriters := counterWriters(t, db, 3, 11, rows, table)
+			deadline := time.Now().Add(2 * time.Second)
+			var got []change
+			for time.Now().Before(deadline) {
+				got = append(got, r.drain()...)
+			}
+			stopWriters()
+			got = append(got, r.collectAll(db)...)
+			replayMatches(t, db, table, got)
+			snapshot := map[string]bool{}
+			for _, c := range got {
+				if c.Op == "r" {
+					snapshot[fmt.Sprint(c.Key["id"])] = true
+				}
+			}
+			if len(snapshot) < rows/2 {
+				t.Errorf("%d rows sent as 'r', want most of the %d", len(snapshot), rows)
+			}
+			t.Logf("%d records, %d rows as 'r'", len(got), len(snapshot))
+		})
+	}
+}
+
+// TestIncrementalSnapshotRestartAndRewrite: a restart in the middle of an
+// incremental snapshot resumes it where it was; a rewrite of the table
+// (VACUUM FULL moves rows into pages already copied) starts it again from
+// the first page. Every row still in the table is sent as 'r'.
+func TestIncrementalSnapshotRestartAndRewrite(t *testing.T) {
+	override(t, &snapshotChunkPages, 2)
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
+	const rows = 6000
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
+	cfg := baseConfig(testenv.Unique("incr-rw-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	ctx := testCtx(t)
+	total, _ := pendingPages(t, db, r)
+
+	copyChunks := func(n int) {
+		t.Helper()
+		for range n {
+			if ok, err := r.tasks[0].copyChunk(ctx); err != nil || !ok {
+				t.Fatalf("copyChunk: %v, %v", ok, err)
+			}
+		}
+	}
+	copyChunks(3)
+	if left, _ := pendingPages(t, db, r); left != total-6 {
+		t.Fatalf("after 3 chunks of 2 pages: %d of %d pages pending", left, total)
+	}
+	r.restartTask()
+	if left, _ := pendingPages(t, db, r); left != total-6 {
+		t.Fatalf("after a restart: %d of %d pages pending, want the progress kept", left, total)
+	}
+	copyChunks(2)
+	// Rows from the end of the table move to its first pages.
+	mustExec(t, db, `DELETE FROM `+table+` WHERE id <= 3000`)
+	mustExec(t, db, `VACUUM FULL `+table)
+	got := r.collectAll(db)
+	seen := map[int]bool{}
+	for _, c := range got {
+		id, _ := strconv.Atoi(fmt.Sprint(c.Key["id"]))
+		if c.Op == "r" {
+			seen[id] = true
+		}
+	}
+	for id := 3001; id <= rows; id++ {
+		if !seen[id] {
+			t.Fatalf("row %d never sent as 'r' (%d rows were)", id, len(seen))
+		}
+	}
+	replayMatches(t, db, table, got)
+}
+
+// TestIncrementalSnapshotPartitioned: each partition is copied on its own
+// (a page range is per relation); the records are filed under the
+// partitioned table, as its changes are.
+func TestIncrementalSnapshotPartitioned(t *testing.T) {
+	override(t, &snapshotChunkPages, 1)
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t_low")+` PARTITION OF `+table+` FOR VALUES FROM (MINVALUE) TO (1000)`)
+	// A partition with its columns in another physical order.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "t_high")+` (n int NOT NULL, id int NOT NULL)`)
+	mustExec(t, db, `ALTER TABLE `+table+` ATTACH PARTITION `+qualified(s, "t_high")+` FOR VALUES FROM (1000) TO (MAXVALUE)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, g FROM generate_series(1, 2000) g`)
+	cfg := baseConfig(testenv.Unique("incr-part-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	if _, leaves := pendingPages(t, db, r); leaves != 2 {
+		t.Fatalf("%d relations pending, want the 2 partitions", leaves)
+	}
+	got := r.collectAll(db)
+	seen := map[string]bool{}
+	for _, c := range got {
+		if c.Op != "r" || c.Source.Table != "t" || fmt.Sprint(c.After["id"]) != fmt.Sprint(c.After["n"]) || fmt.Sprint(c.Key["id"]) != fmt.Sprint(c.After["id"]) {
+			t.Fatalf("record %s of %s: key %v after %v", c.Op, c.Source.Table, c.Key, c.After)
+		}
+		seen[fmt.Sprint(c.Key["id"])] = true
+	}
+	if len(seen) != 2000 {
+		t.Fatalf("%d rows sent, want 2000", len(seen))
+	}
+}
+
+// TestIncrementalSnapshotLifecycle: the progress table is the connector's
+// (listed, dropped on deletion); a table taken out of tables loses its
+// pending copy, one added later gets its own; a Start with another mode
+// leaves the pending copies alone and copies nothing.
+func TestIncrementalSnapshotLifecycle(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	for _, n := range []string{"a", "b"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int PRIMARY KEY, n int NOT NULL)`)
+		mustExec(t, db, `INSERT INTO `+qualified(s, n)+` SELECT g, 0 FROM generate_series(1, 500) g`)
+	}
+	audit := auditSchemaFor(t, db)
+	cfg := baseConfig(testenv.Unique("incr-life-"), url, audit, s+".a")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	l := connect.NewMemoryLedger()
+	r := startConnector(t, cfg, l)
+	n := objectNames(r.name)
+	owned, _ := l.List(testCtx(t))
+	if !containsResource(owned, connect.Resource{Kind: KindTable, Name: n.snapshot}) {
+		t.Fatalf("the ledger does not list the progress table %s: %v", n.snapshot, owned)
+	}
+	if _, leaves := pendingPages(t, db, r); leaves != 1 {
+		t.Fatalf("%d tables pending, want 1", leaves)
+	}
+
+	// Reconfigured: a out, b in.
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	cfg[KeyTables] = s + ".b"
+	r = startConnector(t, cfg, l)
+	var filed []string
+	rows, err := db.Query(testCtx(t), `SELECT filed_table FROM `+qualified(audit, n.snapshot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var f string
+		if err := rows.Scan(&f); err != nil {
+			t.Fatal(err)
+		}
+		filed = append(filed, f)
+	}
+	if len(filed) != 1 || filed[0] != "b" {
+		t.Fatalf("pending copies after the reconfiguration: %v, want only b's", filed)
+	}
+
+	// Another mode: the pending copy stays, the task does not copy.
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	cfg[KeySnapshotMode] = snapshotNever
+	r = startConnector(t, cfg, l)
+	r.quiet()
+	if _, leaves := pendingPages(t, db, r); leaves != 1 {
+		t.Fatalf("%d tables pending under snapshot.mode=never, want b's kept", leaves)
+	}
+
+	// The table swapped for a new one under its name (b renamed away, a
+	// new b made): the renamed table's pending copy goes, the new one's
+	// rows are copied.
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "b")+` RENAME TO b_old`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "b")+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` SELECT g, 7 FROM generate_series(1001, 1100) g`)
+	cfg[KeySnapshotMode] = snapshotIncremental
+	r = startConnector(t, cfg, l)
+	for _, c := range r.collectAll(db) {
+		if id, _ := strconv.Atoi(fmt.Sprint(c.Key["id"])); c.Op == "r" && id <= 1000 {
+			t.Fatalf("row %d of the renamed table was copied as the new table's", id)
+		}
+	}
+
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if relExists(t, db, audit, n.snapshot) {
+		t.Error("the progress table survived the deletion")
+	}
+}
+
+// TestIncrementalSnapshotWaitsForWriters: a chunk waits for a writer of
+// one of its rows that has not committed, and copies what it committed.
+// Without that, under capture.order=statement the writer's change (drawn
+// at its statement) would go out before the chunk's older copy of the row.
+func TestIncrementalSnapshotWaitsForWriters(t *testing.T) {
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, 1000) g`)
+	cfg := baseConfig(testenv.Unique("incr-wait-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	cfg[KeyCaptureOrder] = orderStatement
+	r2 := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r2.stop(true) })
+
+	writer, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Release()
+	if _, err := writer.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 500`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ok, err := r2.tasks[0].copyChunk(ctx)
+		done <- result{ok, err}
+	}()
+	await(t, 10*time.Second, func() (bool, string, error) {
+		var waiting int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, ApplicationName(r2.name, "task-0")).Scan(&waiting)
+		return waiting == 1, "the chunk waiting for the writer's row lock", err
+	})
+	if _, err := writer.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-done; res.err != nil || !res.ok {
+		t.Fatalf("copyChunk: %v, %v", res.ok, res.err)
+	}
+	got := r2.collectAll(db)
+	replayMatches(t, db, table, got)
+}
