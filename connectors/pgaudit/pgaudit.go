@@ -75,7 +75,7 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Tables", Doc: `Comma-separated schema.table names to capture; a bare table means public. Names are taken literally (no case folding); double-quote a part that contains '.', ',' or '"' (doubling inner quotes).`,
 			Validate: func(v string) error { _, err := parseTables(v); return err }},
 		{Name: KeyTopicPrefix, Type: connect.TypeString, Required: true, Importance: connect.ImportanceHigh, Group: "Capture", Order: 3,
-			DisplayName: "Topic prefix", Doc: "Changes of schema.table go to topic <prefix>.<schema>.<table> (characters Kafka does not allow become '_').",
+			DisplayName: "Topic prefix", Doc: "Changes of schema.table go to topic <prefix>.<schema>.<table> (every byte Kafka does not allow becomes '_'; the name is cut at 249 bytes).",
 			Validate: func(v string) error {
 				if !topicPrefixRE.MatchString(v) || len(v) > 200 {
 					return fmt.Errorf("use at most 200 characters of a-z, A-Z, 0-9, '.', '_' and '-'")
@@ -117,7 +117,7 @@ func ConfigDef() connect.ConfigDef {
 			DisplayName: "Snapshot mode", Doc: "never: only changes made after a table's capture triggers were installed are sent. initial: when a Start installs a table's capture triggers (the first Start, or the one that added the table), the rows already in it are sent first, as 'r' records, consistently with the changes that follow; writers of that table wait while its rows are copied into the audit table. incremental: the same rows are sent as 'r' records too, but copied after the Start by the tasks, a few pages at a time in short transactions, between the changes: writers wait only for a chunk that holds a row they change; a row's 'r' may follow its changes, never carrying an older state than one sent before it (see docs/pgaudit.md).",
 			Validate: oneOf(snapshotNever, snapshotInitial, snapshotIncremental)},
 		{Name: KeyTombstonesOnDelete, Type: connect.TypeBoolean, Default: "false", Importance: connect.ImportanceMedium, Group: "Capture", Order: 12,
-			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a primary key is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
+			DisplayName: "Tombstones on delete", Doc: "true: each delete of a row with a key (its primary key, or its message.key.columns) is followed by a tombstone, a record with the same key and a null value, so that log compaction of the topic can remove every record of the key (as Debezium's key of this name, whose default is true). false: one record per change only."},
 		{Name: KeyMessageKeyColumns, Type: connect.TypeString, Importance: connect.ImportanceLow, Group: "Capture", Order: 13,
 			DisplayName: "Message key columns", Doc: `The columns that make a table's record key instead of its primary key, or for a table without one (as Debezium's key of this name, with literal names instead of patterns): <table>:<column>[,<column>...], tables separated by ';', each table one of tables and named as there; double-quote a name that contains '.', ',', ';' or ':', or starts with '"' (as in tables). Their values may be null.`,
 			Validate: func(v string) error { _, err := parseKeyColumns(v); return err }},

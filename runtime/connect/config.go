@@ -269,9 +269,15 @@ const MaskedPassword = "xxxxx"
 
 // dsnPassword finds password and sslpassword (the client key's passphrase)
 // in a key=value DSN; uriPassword finds them among a URL's query parameters.
+// In an unquoted DSN value, as in a quoted one, libpq and pgx read a
+// backslash as escaping the next character, a space included
+// (password=top\ secret is "top secret").
+// dsnValueOpen matches text that ends inside a DSN password value: a "://"
+// after it belongs to the password, not to a URL.
 var (
-	dsnPassword = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)`)
-	uriPassword = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&\s]*)`)
+	dsnPassword  = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^\s\\]|\\[\s\S]?)+)`)
+	dsnValueOpen = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\[\s\S])*|(?:[^\s\\]|\\[\s\S])*)$`)
+	uriPassword  = regexp.MustCompile(`(?i)([?&](?:ssl)?password=)([^&\s]*)`)
 )
 
 // MaskCredentials hides the passwords in a URL (scheme://user:pass@host, and
@@ -286,7 +292,7 @@ var (
 // first '@'), which masks at least the password under either reading.
 func MaskCredentials(s string) string {
 	i := strings.Index(s, "://")
-	if i < 0 {
+	if i < 0 || dsnValueOpen.MatchString(s[:i]) {
 		return dsnPassword.ReplaceAllString(s, "${1}"+MaskedPassword)
 	}
 	head, rest := s[:i+3], s[i+3:]

@@ -79,6 +79,16 @@ func TestMaskCredentials(t *testing.T) {
 		{"postgres://u@h/db?sslmode=verify-full&sslpassword=k3y&password=s3cret", "postgres://u@h/db?sslmode=verify-full&sslpassword=xxxxx&password=xxxxx"},
 		{"host=h sslpassword=k3y password=s3cret", "host=h sslpassword=xxxxx password=xxxxx"},
 		{"host=h sslpassword = 'k 3y'", "host=h sslpassword = xxxxx"},
+		// libpq and pgx read a backslash in an unquoted value as escaping
+		// the next character, a space included: the password is "top secret".
+		{`host=h password=top\ secret dbname=d`, "host=h password=xxxxx dbname=d"},
+		{`host=h password=a\'b\ c`, "host=h password=xxxxx"},
+		// "://" inside a DSN's password does not make the DSN a URL.
+		{"host=h user=u password=Xy7://Qz9 dbname=d", "host=h user=u password=xxxxx dbname=d"},
+		{"host=h password='a://b c' dbname=d", "host=h password=xxxxx dbname=d"},
+		{`host=h password=a\ b://c dbname=d`, "host=h password=xxxxx dbname=d"},
+		// A URL after other words (an error message) is still a URL.
+		{"connecting to postgres://u:pw@h/db failed", "connecting to postgres://u:xxxxx@h/db failed"},
 	}
 	for _, tt := range tests {
 		if got := MaskCredentials(tt.in); got != tt.want {

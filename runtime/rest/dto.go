@@ -346,7 +346,9 @@ func writeEmpty(w http.ResponseWriter, status int) {
 
 var (
 	urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.\-]*://[^\s"'<>]+`)
-	dsnInText = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s;,]+)`)
+	// A backslash escapes the next character of an unquoted DSN value,
+	// a space included (libpq, pgx): password=top\ secret is one value.
+	dsnInText = regexp.MustCompile(`(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^\s;,\\]|\\[\s\S]?)+)`)
 )
 
 // scrub masks credentials inside free text (error messages, traces): a

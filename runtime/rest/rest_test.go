@@ -267,6 +267,10 @@ func TestEndpoints(t *testing.T) {
 			f.connectors["src"].failed[1] = "connecting to postgres://app:S3cr#P?W@db:5432/x failed; sslpassword=k3y rejected"
 		}, method: "GET", path: "/connectors/src/tasks/1/status", wantStatus: 200,
 			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"connecting to postgres://app:xxxxx@db:5432/x failed; sslpassword=xxxxx rejected"}`},
+		{name: "backslash-escaped DSN passwords are masked whole in traces", prepare: func(f *fakeHerder) {
+			f.connectors["src"].failed[1] = `connecting to host=db password=top\ secret failed`
+		}, method: "GET", path: "/connectors/src/tasks/1/status", wantStatus: 200,
+			wantBody: `{"id":1,"state":"FAILED","worker_id":"127.0.0.1:8083","trace":"connecting to host=db password=xxxxx failed"}`},
 		// Routing.
 		{name: "unknown route", method: "GET", path: "/nope", wantStatus: 404, wantMsg: []string{"no such endpoint"}},
 		{name: "unclean path is cleaned, not redirected", method: "GET", path: "/connectors//src/./tasks/../status/", wantStatus: 200, wantBody: srcStatus},
