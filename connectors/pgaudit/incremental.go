@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // snapshotChunkPages is how many heap pages one chunk of an incremental
-// snapshot copies, in one short transaction (a variable for tests).
-var snapshotChunkPages int64 = 64
+// snapshot copies, in one short transaction; snapshotLockTimeout is how
+// long a chunk waits for a lock before it gives way to the next Poll
+// (variables for tests).
+var (
+	snapshotChunkPages  int64 = 64
+	snapshotLockTimeout       = 2 * time.Second
+)
 
 // copyChunk copies the next chunk of one of the task's pending incremental
 // snapshots into the audit table, as 'r' changes that the task then reads
@@ -32,7 +38,7 @@ func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// A chunk waits for writers of its rows and for a rewrite in progress;
 	// the next Poll tries again rather than holding the task up.
-	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', '2s', true), pg_catalog.set_config('row_security', 'off', true)`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.set_config('row_security', 'off', true)`, fmt.Sprintf("%dms", snapshotLockTimeout.Milliseconds())); err != nil {
 		return false, err
 	}
 	var schemas, names []string
@@ -138,8 +144,11 @@ GROUP BY `+group+` ORDER BY `+group,
 	return true, nil
 }
 
-// lockTimedOut reports whether err is a lock wait that ran out of time.
-func lockTimedOut(err error) bool {
+// copyAgain reports whether a chunk that failed with err is simply tried
+// again at the next Poll: a lock wait that ran out of time (lock_timeout),
+// or the relation renamed between reading its name and copying from it
+// (the next try reads the new name).
+func copyAgain(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "42P01")
 }

@@ -324,3 +324,47 @@ func TestIncrementalSnapshotWaitsForWriters(t *testing.T) {
 	got := r2.collectAll(db)
 	replayMatches(t, db, table, got)
 }
+
+// TestIncrementalSnapshotGivesWay: a chunk whose row a writer keeps locked
+// past the lock timeout gives way: the Poll returns without error and
+// without progress, and the copy goes on once the writer committed.
+func TestIncrementalSnapshotGivesWay(t *testing.T) {
+	override(t, &snapshotLockTimeout, 100*time.Millisecond)
+	db, url := admin(t)
+	ctx := testCtx(t)
+	s := newSchema(t, db)
+	table := qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, 100) g`)
+	cfg := baseConfig(testenv.Unique("incr-way-"), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+
+	writer, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(ctx) }()
+	if _, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 50`); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := pendingPages(t, db, r)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	recs, err := r.tasks[0].Poll(pctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Poll while a writer holds a row of the chunk: %v", err)
+	}
+	if len(recs) != 0 {
+		t.Fatalf("Poll returned %d records; want none (the chunk gave way)", len(recs))
+	}
+	if after, _ := pendingPages(t, db, r); after != before {
+		t.Fatalf("%d pages pending after the Poll, %d before: want no progress", after, before)
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := r.collectAll(db)
+	replayMatches(t, db, table, got)
+}

@@ -478,8 +478,11 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			case err != nil && interrupted() != nil:
 				t.scheduleUnmark()
 				return nil, interrupted()
-			case err != nil && (transient(err) || lockTimedOut(err)):
+			case err != nil && transient(err):
 				t.retryLater(ctx, "copying a chunk of an incremental snapshot", err)
+				return nil, nil
+			case err != nil && copyAgain(err):
+				t.host.Logger.Info("incremental snapshot: a chunk gave way (a lock held too long by a writer of one of its rows or a rewrite, or the table renamed meanwhile); trying again at the next Poll", "error", err)
 				return nil, nil
 			case err != nil:
 				return nil, fmt.Errorf("incremental snapshot (%s=%s): %w", KeySnapshotMode, snapshotIncremental, err)
