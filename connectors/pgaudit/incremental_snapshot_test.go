@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"testing"
 	"time"
@@ -43,6 +44,24 @@ func (r *running) collectAll(db *pgxpool.Pool) []change {
 	}
 }
 
+// incrementalTable creates table t (id, n) holding rows rows (n = 0) in a
+// fresh schema and starts a connector capturing it with
+// snapshot.mode=incremental; set adds or replaces keys.
+func incrementalTable(t *testing.T, prefix string, rows int, set connect.Config) (db *pgxpool.Pool, table string, r *running) {
+	t.Helper()
+	db, url := admin(t)
+	s := newSchema(t, db)
+	table = qualified(s, "t")
+	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
+	cfg := baseConfig(testenv.Unique(prefix), url, auditSchemaFor(t, db), s+".t")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	maps.Copy(cfg, set)
+	r = startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	return db, table, r
+}
+
 // TestIncrementalSnapshotUnderWrites: with snapshot.mode=incremental the
 // Start only installs the triggers and measures the table; the task copies
 // it page by page while writers keep changing it. Replaying the records
@@ -52,18 +71,8 @@ func TestIncrementalSnapshotUnderWrites(t *testing.T) {
 	override(t, &snapshotChunkPages, 1)
 	for _, level := range []string{levelStatement, levelRow} {
 		t.Run(level, func(t *testing.T) {
-			db, url := admin(t)
-			s := newSchema(t, db)
-			table := qualified(s, "t")
-			mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
 			const rows = 4000
-			mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
-			cfg := baseConfig(testenv.Unique("incr-"), url, auditSchemaFor(t, db), s+".t")
-			cfg[KeySnapshotMode] = snapshotIncremental
-			cfg[KeyCaptureLevel] = level
-			cfg[KeyPollMaxRecords] = "500"
-			r := startConnector(t, cfg, connect.NewMemoryLedger())
-			t.Cleanup(func() { _ = r.stop(true) })
+			db, table, r := incrementalTable(t, "incr-", rows, connect.Config{KeyCaptureLevel: level, KeyPollMaxRecords: "500"})
 
 			// Nothing copied by the Start: the whole table is pending.
 			pages, leaves := pendingPages(t, db, r)
@@ -107,16 +116,8 @@ func TestIncrementalSnapshotUnderWrites(t *testing.T) {
 // the first page. Every row still in the table is sent as 'r'.
 func TestIncrementalSnapshotRestartAndRewrite(t *testing.T) {
 	override(t, &snapshotChunkPages, 2)
-	db, url := admin(t)
-	s := newSchema(t, db)
-	table := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
 	const rows = 6000
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, $1) g`, rows)
-	cfg := baseConfig(testenv.Unique("incr-rw-"), url, auditSchemaFor(t, db), s+".t")
-	cfg[KeySnapshotMode] = snapshotIncremental
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	t.Cleanup(func() { _ = r.stop(true) })
+	db, table, r := incrementalTable(t, "incr-rw-", rows, nil)
 	ctx := testCtx(t)
 	total, _ := pendingPages(t, db, r)
 
@@ -278,17 +279,8 @@ func TestIncrementalSnapshotLifecycle(t *testing.T) {
 // Without that, under capture.order=statement the writer's change (drawn
 // at its statement) would go out before the chunk's older copy of the row.
 func TestIncrementalSnapshotWaitsForWriters(t *testing.T) {
-	db, url := admin(t)
+	db, table, r2 := incrementalTable(t, "incr-wait-", 1000, connect.Config{KeyCaptureOrder: orderStatement})
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	table := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, 1000) g`)
-	cfg := baseConfig(testenv.Unique("incr-wait-"), url, auditSchemaFor(t, db), s+".t")
-	cfg[KeySnapshotMode] = snapshotIncremental
-	cfg[KeyCaptureOrder] = orderStatement
-	r2 := startConnector(t, cfg, connect.NewMemoryLedger())
-	t.Cleanup(func() { _ = r2.stop(true) })
 
 	writer, err := db.Acquire(ctx)
 	if err != nil {
@@ -330,16 +322,8 @@ func TestIncrementalSnapshotWaitsForWriters(t *testing.T) {
 // without progress, and the copy goes on once the writer committed.
 func TestIncrementalSnapshotGivesWay(t *testing.T) {
 	override(t, &snapshotLockTimeout, 100*time.Millisecond)
-	db, url := admin(t)
+	db, table, r := incrementalTable(t, "incr-way-", 100, nil)
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	table := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, 100) g`)
-	cfg := baseConfig(testenv.Unique("incr-way-"), url, auditSchemaFor(t, db), s+".t")
-	cfg[KeySnapshotMode] = snapshotIncremental
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	t.Cleanup(func() { _ = r.stop(true) })
 
 	writer, err := db.Begin(ctx)
 	if err != nil {
