@@ -352,3 +352,53 @@ func TestIncrementalSnapshotGivesWay(t *testing.T) {
 	got := r.collectAll(db)
 	replayMatches(t, db, table, got)
 }
+
+// TestIncrementalSnapshotTwoTasks: each task copies its own tables only.
+func TestIncrementalSnapshotTwoTasks(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	for _, n := range []string{"a", "b"} {
+		mustExec(t, db, `CREATE TABLE `+qualified(s, n)+` (id int PRIMARY KEY, n int NOT NULL)`)
+		mustExec(t, db, `INSERT INTO `+qualified(s, n)+` SELECT g, 0 FROM generate_series(1, 300) g`)
+	}
+	cfg := baseConfig(testenv.Unique("incr-two-"), url, auditSchemaFor(t, db), s+".a", s+".b")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	cfg[KeyTasksMax] = "2"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	if len(r.tasks) != 2 {
+		t.Fatalf("%d tasks, want 2", len(r.tasks))
+	}
+	ctx := testCtx(t)
+	for i, task := range r.tasks {
+		mine := task.tables[0].Name
+		if ok, err := task.copyChunk(ctx); err != nil || !ok {
+			t.Fatalf("task %d copyChunk: %v, %v", i, ok, err)
+		}
+		var tables []string
+		rows, err := db.Query(ctx, `SELECT DISTINCT table_name FROM `+auditTable(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var n string
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			tables = append(tables, n)
+		}
+		if i == 0 && (len(tables) != 1 || tables[0] != mine) {
+			t.Fatalf("after task 0's chunk the audit table holds rows of %v, want only its table %s", tables, mine)
+		}
+	}
+	per := map[string]map[string]bool{}
+	for _, c := range r.collectAll(db) {
+		if per[c.Source.Table] == nil {
+			per[c.Source.Table] = map[string]bool{}
+		}
+		per[c.Source.Table][fmt.Sprint(c.Key["id"])] = true
+	}
+	if len(per["a"]) != 300 || len(per["b"]) != 300 {
+		t.Fatalf("rows sent: %d of a, %d of b, want 300 each", len(per["a"]), len(per["b"]))
+	}
+}
