@@ -14,9 +14,12 @@ import (
 // snapshot copies, in one short transaction; snapshotLockTimeout is how
 // long a chunk waits for a lock before it gives way to the next Poll
 // (variables for tests).
+// snapshotRecheck is how often a task with nothing left to copy looks for
+// copies asked for by hand (rows inserted into the progress table).
 var (
 	snapshotChunkPages  int64 = 64
 	snapshotLockTimeout       = 2 * time.Second
+	snapshotRecheck           = 10 * time.Second
 )
 
 // copyChunk copies the next chunk of one of the task's pending incremental
@@ -48,25 +51,32 @@ func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
 	var (
 		relid                   uint32
 		filedSchema, filedTable string
-		filenode                uint32
-		next, end               int64
+		filenode                *uint32 // NULL: not measured yet (a copy asked for by hand)
+		next                    int64
+		end                     *int64
 		leafSchema, leafTable   *string
-		currentNode             *uint32
-		currentBlocks           *int64
+		relkind                 *string
+		belongs                 bool
 	)
 	// One of the task's tables, locked against another instance of the
-	// task (an older one still stopping) copying the same chunk.
+	// task (an older one still stopping) copying the same chunk. belongs:
+	// the relation is still the table filed under, or one of its leaf
+	// partitions (one detached since, or a table renamed away and another
+	// made under the name, is not).
 	err = tx.QueryRow(ctx, `SELECT p.relid, p.filed_schema, p.filed_table, p.filenode, p.next_block, p.end_block,
-       ns.nspname::text, c.relname::text, pg_catalog.pg_relation_filenode(c.oid),
-       pg_catalog.pg_relation_size(c.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8
+       ns.nspname::text, c.relname::text, c.relkind::text,
+       COALESCE(p.relid OPERATOR(pg_catalog.=) f.oid
+                OR p.relid IN (SELECT pt.relid FROM pg_catalog.pg_partition_tree(f.oid) pt WHERE pt.isleaf), false)
 FROM `+t.snapshotTable+` p
-LEFT JOIN pg_catalog.pg_class c ON c.oid = p.relid
-LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
-WHERE (p.filed_schema, p.filed_table) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid
+LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid OPERATOR(pg_catalog.=) c.relnamespace
+LEFT JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.filed_schema, p.filed_table))::pg_catalog.oid AS oid) f ON true
+WHERE (p.filed_schema, p.filed_table) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])))
 ORDER BY p.filed_schema, p.filed_table, p.relid
-LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &currentNode, &currentBlocks)
+LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind, &belongs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.snapshotPending = false
+		t.snapshotCheckedAt = time.Now()
 		return false, nil
 	}
 	if err != nil {
@@ -83,8 +93,24 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable
 		t.host.Logger.Info(what, "table", filed.String(), "relid", relid)
 		return true, nil
 	}
-	if leafTable == nil {
+	switch {
+	case leafTable == nil:
 		return done("incremental snapshot: a relation of the table is gone; nothing left to copy of it")
+	case !belongs:
+		return done("incremental snapshot: a relation is no longer part of the table (a partition detached, or a table renamed away and another made under the name); its copy is dropped")
+	case *relkind == "p":
+		// A partitioned table named by hand: its leaf partitions are
+		// copied one by one, each measured when its copy starts.
+		if _, err := tx.Exec(ctx, `INSERT INTO `+t.snapshotTable+` (relid, filed_schema, filed_table, next_block)
+SELECT pt.relid, $2, $3, 0 FROM pg_catalog.pg_partition_tree($1::pg_catalog.oid) pt
+JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) pt.relid
+WHERE pt.isleaf AND c.relkind OPERATOR(pg_catalog.=) 'r'
+ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = NULL`, relid, filedSchema, filedTable); err != nil {
+			return false, err
+		}
+		return done("incremental snapshot: copying the partitioned table partition by partition")
+	case *relkind != "r":
+		return done("incremental snapshot: a relation that is not a table (a foreign table?) cannot be copied; skipped")
 	}
 	leaf := tableName{*leafSchema, *leafTable}
 	// ROW SHARE: writers go on; a rewrite (VACUUM FULL, CLUSTER, ALTER
@@ -92,23 +118,31 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable
 	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY `+leaf.quoted()+` IN ROW SHARE MODE`); err != nil {
 		return false, err
 	}
+	var currentNode uint32
+	var currentBlocks int64
 	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8`, relid).Scan(&currentNode, &currentBlocks); err != nil {
 		return false, err
 	}
-	if currentNode != nil && *currentNode != filenode {
-		// Rewritten since the copy began: rows moved between pages, some
-		// into pages already copied. Start again from the first page, up
-		// to the new end (rows past it came later, under the triggers).
-		t.host.Logger.Info("incremental snapshot: the table was rewritten since its copy began (VACUUM FULL, CLUSTER, a column type change); copying it again from the start", "table", filed.String(), "relation", leaf.String())
-		filenode, next, end = *currentNode, 0, *currentBlocks
-		if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET filenode = $2, next_block = 0, end_block = $3 WHERE relid = $1`, relid, filenode, end); err != nil {
+	if filenode == nil || end == nil || *filenode != currentNode {
+		// Not measured yet (asked for by hand), or rewritten since the
+		// copy began: rows moved between pages, some into pages already
+		// copied. Start from the first page, up to the size now (rows
+		// past it come later, under the triggers).
+		if filenode == nil || end == nil {
+			t.host.Logger.Info("incremental snapshot: starting a copy asked for by hand", "table", filed.String(), "relation", leaf.String(), "pages", currentBlocks)
+		} else {
+			t.host.Logger.Info("incremental snapshot: the table was rewritten since its copy began (VACUUM FULL, CLUSTER, a column type change); copying it again from the start", "table", filed.String(), "relation", leaf.String())
+		}
+		next = 0
+		filenode, end = &currentNode, &currentBlocks
+		if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET filenode = $2, next_block = 0, end_block = $3 WHERE relid = $1`, relid, currentNode, currentBlocks); err != nil {
 			return false, err
 		}
 	}
-	if next >= end {
+	if next >= *end {
 		return done("incremental snapshot: the table's rows are copied")
 	}
-	upto := min(next+snapshotChunkPages, end)
+	upto := min(next+snapshotChunkPages, *end)
 	var imgSchema, imgTable *string
 	var imgRelid *uint32
 	if leaf != filed {
@@ -131,7 +165,7 @@ GROUP BY `+group+` ORDER BY `+group,
 		filed.Schema, filed.Name, imgSchema, imgTable, imgRelid, fmt.Sprintf("(%d,0)", next), fmt.Sprintf("(%d,0)", upto)); err != nil {
 		return false, fmt.Errorf("copying pages %d to %d of %s: %w", next, upto, leaf.quoted(), err)
 	}
-	if upto >= end {
+	if upto >= *end {
 		return done("incremental snapshot: the table's rows are copied")
 	}
 	if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET next_block = $2 WHERE relid = $1`, relid, upto); err != nil {
@@ -140,7 +174,7 @@ GROUP BY `+group+` ORDER BY `+group,
 	if err := tx.Commit(ctx); err != nil {
 		return false, err
 	}
-	t.host.Logger.Debug("incremental snapshot: copied a chunk", "table", filed.String(), "relation", leaf.String(), "pages", fmt.Sprintf("%d-%d of %d", next, upto, end))
+	t.host.Logger.Debug("incremental snapshot: copied a chunk", "table", filed.String(), "relation", leaf.String(), "pages", fmt.Sprintf("%d-%d of %d", next, upto, *end))
 	return true, nil
 }
 

@@ -402,3 +402,74 @@ func TestIncrementalSnapshotTwoTasks(t *testing.T) {
 		t.Fatalf("rows sent: %d of a, %d of b, want 300 each", len(per["a"]), len(per["b"]))
 	}
 }
+
+// TestIncrementalSnapshotByHand: a copy asked for by hand (a row naming
+// the table in the progress table) is picked up by the running task and
+// sends the table's rows again; a partitioned table is copied partition by
+// partition; a partition detached before its copy, and a relation that is
+// not part of the table named, are not copied.
+func TestIncrementalSnapshotByHand(t *testing.T) {
+	override(t, &snapshotRecheck, 0)
+	override(t, &snapshotChunkPages, 1)
+	db, url := admin(t)
+	s := newSchema(t, db)
+	plain, parted := qualified(s, "plain"), qualified(s, "parted")
+	mustExec(t, db, `CREATE TABLE `+plain+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `CREATE TABLE `+parted+` (id int PRIMARY KEY, n int NOT NULL) PARTITION BY RANGE (id)`)
+	for i, bounds := range []string{"FROM (1) TO (1000)", "FROM (1000) TO (2000)", "FROM (2000) TO (3000)"} {
+		mustExec(t, db, fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES %s`, qualified(s, fmt.Sprintf("p%d", i)), parted, bounds))
+	}
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "other")+` (id int PRIMARY KEY, n int NOT NULL)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "other")+` VALUES (99999, 9)`)
+	cfg := baseConfig(testenv.Unique("incr-hand-"), url, auditSchemaFor(t, db), s+".plain", s+".parted")
+	cfg[KeySnapshotMode] = snapshotIncremental
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	t.Cleanup(func() { _ = r.stop(true) })
+	if got := r.collectAll(db); len(got) != 0 {
+		t.Fatalf("%d records from empty tables", len(got))
+	}
+	mustExec(t, db, `INSERT INTO `+plain+` SELECT g, 0 FROM generate_series(1, 500) g`)
+	mustExec(t, db, `INSERT INTO `+parted+` SELECT g, 0 FROM generate_series(1, 2999) g`)
+	if got := r.collectAll(db); len(got) != 3499 {
+		t.Fatalf("%d records of the inserts, want 3499", len(got))
+	}
+
+	progress := qualified(r.cfg[KeyAuditSchema], objectNames(r.name).snapshot)
+	mustExec(t, db, `INSERT INTO `+progress+` (relid, filed_schema, filed_table) VALUES ($1::regclass, $2, 'plain'), ($3::regclass, $2, 'parted'), ($4::regclass, $2, 'plain')`,
+		plain, s, parted, qualified(s, "other"))
+	// The first step replaces parted by its partitions; then p2 is
+	// detached, with its copy pending.
+	if ok, err := r.tasks[0].copyChunk(testCtx(t)); err != nil || !ok {
+		t.Fatalf("copyChunk: %v, %v", ok, err)
+	}
+	var leaves int
+	if err := db.QueryRow(testCtx(t), `SELECT count(*) FROM `+progress+` WHERE filed_table = 'parted'`).Scan(&leaves); err != nil || leaves != 3 {
+		t.Fatalf("pending copies of parted's partitions: %d, %v; want 3", leaves, err)
+	}
+	mustExec(t, db, `ALTER TABLE `+parted+` DETACH PARTITION `+qualified(s, "p2"))
+	got := r.collectAll(db)
+	byTable := map[string]map[int]bool{}
+	for _, c := range got {
+		if c.Op != "r" {
+			t.Fatalf("record %s of %s, want only 'r'", c.Op, c.Source.Table)
+		}
+		id, _ := strconv.Atoi(fmt.Sprint(c.Key["id"]))
+		if byTable[c.Source.Table] == nil {
+			byTable[c.Source.Table] = map[int]bool{}
+		}
+		byTable[c.Source.Table][id] = true
+	}
+	if len(byTable["plain"]) != 500 || byTable["plain"][99999] {
+		t.Fatalf("plain: %d rows copied (the other table's row among them: %v), want its 500", len(byTable["plain"]), byTable["plain"][99999])
+	}
+	for id := 1; id < 2000; id++ {
+		if !byTable["parted"][id] {
+			t.Fatalf("parted: row %d not copied (%d rows were)", id, len(byTable["parted"]))
+		}
+	}
+	for id := range byTable["parted"] {
+		if id >= 2000 {
+			t.Fatalf("parted: row %d of the detached partition was copied", id)
+		}
+	}
+}

@@ -99,9 +99,11 @@ type Task struct {
 	// auditTable and snapshotTable are the quoted names of the audit
 	// table and of the incremental snapshots' progress table;
 	// snapshotPending is true until copyChunk found nothing left to copy
-	// (snapshot.mode=incremental).
+	// (snapshot.mode=incremental), at snapshotCheckedAt; it looks again
+	// snapshotRecheck later, for copies asked for by hand.
 	auditTable, snapshotTable string
 	snapshotPending           bool
+	snapshotCheckedAt         time.Time
 }
 
 var _ connect.SourceTask = (*Task)(nil)
@@ -469,6 +471,9 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 				}
 			}
 			return recs, nil
+		}
+		if t.s.incremental && !t.snapshotPending && time.Since(t.snapshotCheckedAt) >= snapshotRecheck {
+			t.snapshotPending = true
 		}
 		if t.snapshotPending {
 			// Nothing waiting: copy the next chunk of an incremental

@@ -9,13 +9,16 @@
 -- CLUSTER, a column type change), which moves rows between pages: the
 -- copy then starts again from the first page. A row is deleted when its
 -- copy is done.
+-- A copy can be asked for by hand: a row with only relid, filed_schema and
+-- filed_table (filenode and end_block NULL: the task measures the relation
+-- when it starts copying; a partitioned table is replaced by its leaves).
 CREATE TABLE IF NOT EXISTS {{.Snapshot}} (
     relid        oid    PRIMARY KEY,
     filed_schema text   NOT NULL,
     filed_table  text   NOT NULL,
-    filenode     oid    NOT NULL,
-    next_block   bigint NOT NULL,
-    end_block    bigint NOT NULL
+    filenode     oid,
+    next_block   bigint NOT NULL DEFAULT 0,
+    end_block    bigint
 );
 COMMENT ON TABLE {{.Snapshot}} IS {{.Marker}};
 {{define "start"}}-- A table's incremental snapshot starts (or starts again): the table, or
