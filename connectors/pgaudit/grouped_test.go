@@ -425,6 +425,10 @@ func TestGroupsCutByBytes(t *testing.T) {
 		immediate bool
 	}{
 		{"update within the side bound", 1 << 20, false, "c>1 u=1 d>1", false},
+		// Images past sideBytes / chunkChanges (here 20 bytes) are left out
+		// of the first grouping; the sides being within the bound, the
+		// statement is grouped again with nothing left out.
+		{"update within the side bound, images past the per-image limit", 20000, false, "c>1 u=1 d>1", false},
 		{"update past the side bound", 1000, true, "c>1 u>1 d>1", false},
 		{"update past the side bound, renumbered at once", 1000, true, "c>1 u>1 d>1", true},
 	} {

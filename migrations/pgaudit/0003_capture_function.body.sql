@@ -3,6 +3,8 @@ DECLARE
     v_rows     pg_catalog.int8 := 0;
     v_work_mem pg_catalog.text;
     v_over     pg_catalog.bool;
+    v_big      pg_catalog.bool;
+    v_limit    pg_catalog.int8;
     -- The configured table the changes belong to: the name the trigger
     -- was made with (a trigger made before triggers had arguments: the
     -- table it is on). When the table has another name now, the images
@@ -83,33 +85,56 @@ BEGIN
             v_work_mem := pg_catalog.current_setting('work_mem');
             PERFORM pg_catalog.set_config('work_mem', '64MB', true);
             -- Old and new images must be cut at the same rows. Each side is
-            -- cut every {{.Chunk}} rows, which needs no pairing of rows; its
-            -- images past {{.SideBytes}} bytes are left out (so no array
-            -- exceeds that) and the chunks marked. Only a statement that big
+            -- cut every {{.Chunk}} rows, which needs no pairing of rows. Only a
+            -- statement whose old or new images pass {{.SideBytes}} bytes (its
+            -- first {{.Single}} rows' included: chunk -1 here, not written)
             -- pays for pairing every row, numbered on both sides, and cutting
             -- both where the pairs pass {{.GroupBytes}} bytes, in statement
-            -- order. Nothing is written before that is known: rows written
-            -- and deleted again could be renumbered in between (commit order
-            -- with SET CONSTRAINTS ALL IMMEDIATE).
-            WITH o AS MATERIALIZED (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.count(*) AS cnt, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
-                             pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
-                      FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
-                            FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s
-                            WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
-                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1),
-                 n AS MATERIALIZED (SELECT (g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}} AS chunk, pg_catalog.bool_or(g.run OPERATOR(pg_catalog.>) {{.SideBytes}}) AS over,
-                             pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.run OPERATOR(pg_catalog.<=) {{.SideBytes}})) AS img
-                      FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
-                            FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s
-                            WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
-                      WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}} GROUP BY 1),
-                 ins AS (
-                INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
-                SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
-                FROM o JOIN n ON o.chunk OPERATOR(pg_catalog.=) n.chunk
-                WHERE NOT EXISTS (SELECT FROM o AS x WHERE x.over) AND NOT EXISTS (SELECT FROM n AS x WHERE x.over)
-                ORDER BY o.chunk)
-            SELECT EXISTS (SELECT FROM o WHERE o.over) OR EXISTS (SELECT FROM n WHERE n.over) INTO v_over;
+            -- order. A side's bytes are summed per chunk rather than by a
+            -- running sum over every image (that window cost about as much as
+            -- the rest of the grouping), so what bounds the arrays is a limit
+            -- per image: one of more than v_limit bytes, {{.SideBytes}} /
+            -- {{.Chunk}}, is left out of its chunk's array (so no array exceeds
+            -- {{.SideBytes}} bytes, however big the side) and the chunk marked.
+            -- A statement with such an image and sides within {{.SideBytes}}
+            -- bytes is grouped again, leaving nothing out: no array can then
+            -- exceed that. The row number comes from the window's own output
+            -- expression (no subquery scan over the window per row). Nothing
+            -- is written before that is known: rows written and deleted again
+            -- could be renumbered in between (commit order with SET
+            -- CONSTRAINTS ALL IMMEDIATE).
+            v_limit := {{.SideBytes}} OPERATOR(pg_catalog./) {{.Chunk}};
+            LOOP
+                WITH o AS MATERIALIZED (SELECT g.chunk,
+                                 pg_catalog.count(*) AS cnt, pg_catalog.sum(g.len) AS bytes,
+                                 pg_catalog.bool_or(g.len OPERATOR(pg_catalog.>) v_limit) AS big,
+                                 pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.len OPERATOR(pg_catalog.<=) v_limit)) AS img
+                          FROM (SELECT ((pg_catalog.row_number() OVER () OPERATOR(pg_catalog.+) ({{.Chunk}} OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.-) 1 AS chunk,
+                                       s.r, pg_catalog.octet_length(s.r) AS len
+                                FROM (SELECT pg_catalog.record_send(o.*) AS r FROM tidyconnect_old o OFFSET 0) s) g
+                          GROUP BY 1),
+                     n AS MATERIALIZED (SELECT g.chunk,
+                                 pg_catalog.sum(g.len) AS bytes,
+                                 pg_catalog.bool_or(g.len OPERATOR(pg_catalog.>) v_limit) AS big,
+                                 pg_catalog.array_send(pg_catalog.array_agg(g.r) FILTER (WHERE g.len OPERATOR(pg_catalog.<=) v_limit)) AS img
+                          FROM (SELECT ((pg_catalog.row_number() OVER () OPERATOR(pg_catalog.+) ({{.Chunk}} OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1)) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.-) 1 AS chunk,
+                                       s.r, pg_catalog.octet_length(s.r) AS len
+                                FROM (SELECT pg_catalog.record_send(n.*) AS r FROM tidyconnect_new n OFFSET 0) s) g
+                          GROUP BY 1),
+                     f AS MATERIALIZED (SELECT (SELECT pg_catalog.sum(o.bytes) FROM o) OPERATOR(pg_catalog.>) {{.SideBytes}}
+                                                OR (SELECT pg_catalog.sum(n.bytes) FROM n) OPERATOR(pg_catalog.>) {{.SideBytes}} AS over,
+                                               EXISTS (SELECT FROM o WHERE o.big AND o.chunk OPERATOR(pg_catalog.>=) 0)
+                                                OR EXISTS (SELECT FROM n WHERE n.big AND n.chunk OPERATOR(pg_catalog.>=) 0) AS big),
+                     ins AS (
+                    INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
+                    SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', o.cnt, o.img, n.img
+                    FROM o JOIN n ON o.chunk OPERATOR(pg_catalog.=) n.chunk
+                    WHERE o.chunk OPERATOR(pg_catalog.>=) 0 AND NOT EXISTS (SELECT FROM f WHERE f.over OR f.big)
+                    ORDER BY o.chunk)
+                SELECT f.over, f.big INTO v_over, v_big FROM f;
+                EXIT WHEN v_over OR NOT v_big;
+                v_limit := {{.SideBytes}};
+            END LOOP;
             IF v_over THEN
                 INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before, after)
                 SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'u', pg_catalog.count(*),
