@@ -12,14 +12,16 @@ import (
 
 // snapshotChunkPages is how many heap pages one chunk of an incremental
 // snapshot copies, in one short transaction; snapshotLockTimeout is how
-// long a chunk waits for a lock before it gives way to the next Poll
+// long a chunk waits for a table lock (a rewrite) before it gives way;
+// snapshotGiveWayDelay is how long after giving way it is tried again
 // (variables for tests).
 // snapshotRecheck is how often a task with nothing left to copy looks for
 // copies asked for by hand (rows inserted into the progress table).
 var (
-	snapshotChunkPages  int64 = 64
-	snapshotLockTimeout       = 2 * time.Second
-	snapshotRecheck           = 10 * time.Second
+	snapshotChunkPages   int64 = 64
+	snapshotLockTimeout        = 2 * time.Second
+	snapshotGiveWayDelay       = 200 * time.Millisecond
+	snapshotRecheck            = 10 * time.Second
 )
 
 // copyChunk copies the next chunk of one of the task's pending incremental
@@ -28,19 +30,23 @@ var (
 // anything to do; once nothing is pending it stops looking until the next
 // Start.
 //
-// The chunk's rows are read FOR SHARE: a writer that changed one of them
-// and has not committed is waited for (and its change read), and a writer
-// that comes later waits for the chunk's commit, so its change is drawn
-// after the chunk's rows. A row's 'r' therefore never carries an older
-// state than a change sent before it.
+// The chunk's rows are read FOR SHARE NOWAIT: a writer that changed one of
+// them and has not committed makes the chunk give way (it is tried again
+// after snapshotGiveWayDelay), and a writer that comes later waits for the
+// chunk's commit, so its change is drawn after the chunk's rows. A row's
+// 'r' therefore never carries an older state than a change sent before
+// it. The chunk never waits while it holds row locks: a writer holding a
+// later row of the chunk and waiting for an earlier one would otherwise be
+// the victim of the deadlock (it waited first, so its deadlock check runs
+// first).
 func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
 	tx, err := t.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// A chunk waits for writers of its rows and for a rewrite in progress;
-	// the next Poll tries again rather than holding the task up.
+	// A chunk waits for a rewrite in progress (not for writers of its
+	// rows: NOWAIT), for up to snapshotLockTimeout; then it gives way.
 	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.set_config('row_security', 'off', true)`, fmt.Sprintf("%dms", snapshotLockTimeout.Milliseconds())); err != nil {
 		return false, err
 	}
@@ -56,24 +62,20 @@ func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
 		end                     *int64
 		leafSchema, leafTable   *string
 		relkind                 *string
-		belongs                 bool
 	)
 	// One of the task's tables, locked against another instance of the
-	// task (an older one still stopping) copying the same chunk. belongs:
-	// the relation is still the table filed under, or one of its leaf
-	// partitions (one detached since, or a table renamed away and another
-	// made under the name, is not).
+	// task (an older one still stopping) copying the same chunk. Every
+	// operator, function and type schema-qualified: the task's session may
+	// have look-alikes first in its search_path.
 	err = tx.QueryRow(ctx, `SELECT p.relid, p.filed_schema, p.filed_table, p.filenode, p.next_block, p.end_block,
-       ns.nspname::text, c.relname::text, c.relkind::text,
-       COALESCE(p.relid OPERATOR(pg_catalog.=) f.oid
-                OR p.relid IN (SELECT pt.relid FROM pg_catalog.pg_partition_tree(f.oid) pt WHERE pt.isleaf), false)
+       ns.nspname::pg_catalog.text, c.relname::pg_catalog.text, c.relkind::pg_catalog.text
 FROM `+t.snapshotTable+` p
 LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid OPERATOR(pg_catalog.=) c.relnamespace
-LEFT JOIN LATERAL (SELECT pg_catalog.to_regclass(pg_catalog.format('%I.%I', p.filed_schema, p.filed_table))::pg_catalog.oid AS oid) f ON true
-WHERE (p.filed_schema, p.filed_table) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])))
+WHERE EXISTS (SELECT 1 FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS x(s, n)
+              WHERE p.filed_schema OPERATOR(pg_catalog.=) x.s AND p.filed_table OPERATOR(pg_catalog.=) x.n)
 ORDER BY p.filed_schema, p.filed_table, p.relid
-LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind, &belongs)
+LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind)
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.snapshotPending = false
 		t.snapshotCheckedAt = time.Now()
@@ -84,7 +86,7 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable
 	}
 	filed := tableName{filedSchema, filedTable}
 	done := func(what string) (bool, error) {
-		if _, err := tx.Exec(ctx, `DELETE FROM `+t.snapshotTable+` WHERE relid = $1`, relid); err != nil {
+		if _, err := tx.Exec(ctx, `DELETE FROM `+t.snapshotTable+` WHERE relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid`, relid); err != nil {
 			return false, err
 		}
 		if err := tx.Commit(ctx); err != nil {
@@ -96,8 +98,6 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable
 	switch {
 	case leafTable == nil:
 		return done("incremental snapshot: a relation of the table is gone; nothing left to copy of it")
-	case !belongs:
-		return done("incremental snapshot: a relation is no longer part of the table (a partition detached, or a table renamed away and another made under the name); its copy is dropped")
 	case *relkind == "p":
 		// A partitioned table named by hand: its leaf partitions are
 		// copied one by one, each measured when its copy starts.
@@ -118,10 +118,31 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY `+leaf.quoted()+` IN ROW SHARE MODE`); err != nil {
 		return false, err
 	}
+	// Still captured under the name it is filed under: the relation itself
+	// (a table, perhaps renamed since) or one of its ancestors (a partitioned
+	// table; pg_partition_ancestors lists none for a plain table) carries the
+	// connector's capture trigger filing under it. A partition detached
+	// since is not: its rows left the captured table without a change
+	// sent, and no trigger sees their later changes; copying them would
+	// send rows (and states) the captured table never held. Nor is a
+	// relation named by mistake in a copy asked for by hand.
 	var currentNode uint32
 	var currentBlocks int64
-	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8`, relid).Scan(&currentNode, &currentBlocks); err != nil {
+	var captured bool
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
+       EXISTS (SELECT 1 FROM (SELECT $1::pg_catalog.oid AS relid UNION ALL SELECT pg_catalog.pg_partition_ancestors($1::pg_catalog.oid)::pg_catalog.oid) a
+               JOIN pg_catalog.pg_trigger tg ON tg.tgrelid OPERATOR(pg_catalog.=) a.relid
+               WHERE tg.tgparentid OPERATOR(pg_catalog.=) 0::pg_catalog.oid
+                 AND tg.tgfoid OPERATOR(pg_catalog.=) ANY (ARRAY[pg_catalog.to_regprocedure($2), pg_catalog.to_regprocedure($3)]::pg_catalog.oid[])
+                 AND (tg.tgnargs OPERATOR(pg_catalog.=) 0::pg_catalog.int2
+                      OR tg.tgargs OPERATOR(pg_catalog.=) (pg_catalog.convert_to($4, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+                                     OPERATOR(pg_catalog.||) pg_catalog.convert_to($5, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea)))`,
+		relid, pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()", pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()",
+		filed.Schema, filed.Name).Scan(&currentNode, &currentBlocks, &captured); err != nil {
 		return false, err
+	}
+	if !captured {
+		return done("incremental snapshot: the relation is no longer captured under the table (a partition detached, or its capture triggers dropped); nothing left to copy of it")
 	}
 	if filenode == nil || end == nil || *filenode != currentNode {
 		// Not measured yet (asked for by hand), or rewritten since the
@@ -135,7 +156,7 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 		}
 		next = 0
 		filenode, end = &currentNode, &currentBlocks
-		if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET filenode = $2, next_block = 0, end_block = $3 WHERE relid = $1`, relid, currentNode, currentBlocks); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET filenode = $2, next_block = 0, end_block = $3 WHERE relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid`, relid, currentNode, currentBlocks); err != nil {
 			return false, err
 		}
 	}
@@ -159,7 +180,7 @@ SELECT pg_catalog.pg_current_xact_id(), $1, $2, $3, $4, $5, 'r', pg_catalog.coun
 FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
       FROM (SELECT pg_catalog.record_send(c.*) AS r FROM ONLY `+leaf.quoted()+` c
             WHERE c.ctid OPERATOR(pg_catalog.>=) $6::pg_catalog.tid AND c.ctid OPERATOR(pg_catalog.<) $7::pg_catalog.tid
-            FOR SHARE OF c OFFSET 0) s
+            FOR SHARE OF c NOWAIT OFFSET 0) s
       WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
 GROUP BY `+group+` ORDER BY `+group,
 		filed.Schema, filed.Name, imgSchema, imgTable, imgRelid, fmt.Sprintf("(%d,0)", next), fmt.Sprintf("(%d,0)", upto)); err != nil {
@@ -168,7 +189,7 @@ GROUP BY `+group+` ORDER BY `+group,
 	if upto >= *end {
 		return done("incremental snapshot: the table's rows are copied")
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET next_block = $2 WHERE relid = $1`, relid, upto); err != nil {
+	if _, err := tx.Exec(ctx, `UPDATE `+t.snapshotTable+` SET next_block = $2 WHERE relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid`, relid, upto); err != nil {
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -179,10 +200,11 @@ GROUP BY `+group+` ORDER BY `+group,
 }
 
 // copyAgain reports whether a chunk that failed with err is simply tried
-// again at the next Poll: a lock wait that ran out of time (lock_timeout),
-// or the relation renamed between reading its name and copying from it
-// (the next try reads the new name).
+// again shortly: a row locked by a writer (NOWAIT) or a table lock wait
+// that ran out of time (lock_timeout), both 55P03; the relation renamed
+// between reading its name and copying from it (the next try reads the
+// new name); or a deadlock with a Start that drops the table's trigger.
 func copyAgain(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "42P01")
+	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "42P01" || pgErr.Code == "40P01")
 }

@@ -237,16 +237,21 @@ func TestSnapshotModeValidation(t *testing.T) {
 // policies let through: the snapshot must not leave the others out without
 // a word. Start fails (nothing provisioned) unless the role bypasses row
 // security, and reads every row.
+// Under snapshot.mode=incremental the Start installs the triggers, and the
+// task's first chunk fails the Poll with the same advice.
 func TestInitialSnapshotForcedRowSecurity(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		force     bool // FORCE ROW LEVEL SECURITY: the policies apply to the owner
 		bypassRLS bool
 		fails     bool
+		mode      string
 	}{
-		{"policies apply to the owner", true, false, true},
-		{"role with BYPASSRLS", true, true, false},
-		{"policies the owner bypasses", false, false, false},
+		{"policies apply to the owner", true, false, true, snapshotInitial},
+		{"role with BYPASSRLS", true, true, false, snapshotInitial},
+		{"policies the owner bypasses", false, false, false, snapshotInitial},
+		{"incremental, policies apply to the owner", true, false, true, snapshotIncremental},
+		{"incremental, role with BYPASSRLS", true, true, false, snapshotIncremental},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db, url := admin(t)
@@ -273,8 +278,19 @@ func TestInitialSnapshotForcedRowSecurity(t *testing.T) {
 			mustExec(t, db, `GRANT CREATE ON DATABASE `+pgx.Identifier{dbName}.Sanitize()+` TO `+rid)
 			t.Cleanup(func() { mustExec(t, db, `REVOKE CREATE ON DATABASE `+pgx.Identifier{dbName}.Sanitize()+` FROM `+rid) })
 			cfg := baseConfig(testenv.Unique("snaprls-"), urlAs(t, url, role), auditSchemaFor(t, db), s+".t")
-			cfg[KeySnapshotMode] = snapshotInitial
+			cfg[KeySnapshotMode] = tc.mode
 			r, err := tryStart(t, cfg, connect.NewMemoryLedger())
+			if tc.fails && tc.mode == snapshotIncremental {
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = r.stop(true) })
+				_, err := r.tasks[0].Poll(ctx)
+				if err == nil || !strings.Contains(err.Error(), "row-level security") || !strings.Contains(err.Error(), "BYPASSRLS") {
+					t.Fatalf("Poll: %v; want the copy to fail naming row-level security and what to do", err)
+				}
+				return
+			}
 			if tc.fails {
 				if err == nil {
 					_ = r.stop(true)

@@ -104,6 +104,13 @@ type Task struct {
 	auditTable, snapshotTable string
 	snapshotPending           bool
 	snapshotCheckedAt         time.Time
+	// chunkRetryAt is when a chunk that gave way is tried again;
+	// chunkGaveWay counts the chunks that gave way in a row.
+	chunkRetryAt time.Time
+	chunkGaveWay int
+	// copyNext: the last Poll returned a batch that was not full, so the
+	// next one copies a chunk before it reads.
+	copyNext bool
 }
 
 var _ connect.SourceTask = (*Task)(nil)
@@ -426,6 +433,24 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	}
 	interval := time.Duration(t.s.pollInterval) * time.Millisecond
 	deadline := time.Now().Add(interval)
+	if t.copyNext && t.snapshotPending && !time.Now().Before(t.chunkRetryAt) {
+		// The task keeps up with the changes (its last batch was not
+		// full) but may never find the audit table empty: a chunk before
+		// each read, so that a steady stream does not hold the snapshot
+		// back. A task that falls behind reads full batches and copies
+		// only once it has caught up.
+		t.copyNext = false
+		_, again, err := t.chunkStep(ctx, interval)
+		switch {
+		case err != nil && interrupted() != nil:
+			t.scheduleUnmark()
+			return nil, interrupted()
+		case err != nil:
+			return nil, err
+		case again:
+			return nil, nil
+		}
+	}
 	for {
 		if err := interrupted(); err != nil {
 			t.scheduleUnmark()
@@ -450,6 +475,7 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		if recs != nil {
 			t.backoff = 0
+			t.copyNext = len(recs) > 0 && len(recs) < t.s.pollMax
 			if len(recs) > 0 {
 				t.host.Logger.Debug("read changes from the audit table", "records", len(recs), "rows_in_flight", len(t.inflight))
 				t.idleStep = 0
@@ -475,22 +501,18 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if t.s.incremental && !t.snapshotPending && time.Since(t.snapshotCheckedAt) >= snapshotRecheck {
 			t.snapshotPending = true
 		}
-		if t.snapshotPending {
+		if t.snapshotPending && !time.Now().Before(t.chunkRetryAt) {
 			// Nothing waiting: copy the next chunk of an incremental
 			// snapshot, and read it.
-			copied, err := t.copyChunk(ctx)
+			copied, again, err := t.chunkStep(ctx, interval)
 			switch {
 			case err != nil && interrupted() != nil:
 				t.scheduleUnmark()
 				return nil, interrupted()
-			case err != nil && transient(err):
-				t.retryLater(ctx, "copying a chunk of an incremental snapshot", err)
-				return nil, nil
-			case err != nil && copyAgain(err):
-				t.host.Logger.Info("incremental snapshot: a chunk gave way (a lock held too long by a writer of one of its rows or a rewrite, or the table renamed meanwhile); trying again at the next Poll", "error", err)
-				return nil, nil
 			case err != nil:
-				return nil, fmt.Errorf("incremental snapshot (%s=%s): %w", KeySnapshotMode, snapshotIncremental, err)
+				return nil, err
+			case again:
+				return nil, nil
 			case copied && time.Now().Before(deadline):
 				continue
 			case copied:
@@ -1650,4 +1672,39 @@ func appendRaw(out, v []byte) []byte {
 func appendJSONString(out []byte, s string) []byte {
 	b, _ := json.Marshal(s)
 	return append(out, b...)
+}
+
+// chunkStep copies the next chunk of an incremental snapshot. A chunk that
+// gives way is tried again shortly; again says the Poll should return
+// empty (after a transient failure's backoff); err is fatal for the Poll
+// (or an interruption, which the caller tells apart).
+func (t *Task) chunkStep(ctx context.Context, interval time.Duration) (copied, again bool, err error) {
+	copied, err = t.copyChunk(ctx)
+	switch {
+	case err == nil:
+		if copied {
+			t.chunkGaveWay = 0
+		}
+		return copied, false, nil
+	case ctx.Err() != nil || t.stopContext().Err() != nil:
+		return false, false, err
+	case copyAgain(err):
+		// Not at once: a writer's transaction can hold a row of the chunk
+		// for long, and each try writes row locks up to it. Meanwhile the
+		// task reads changes as when idle.
+		delay := min(snapshotGiveWayDelay<<min(t.chunkGaveWay, 5), max(interval, snapshotGiveWayDelay))
+		t.chunkGaveWay++
+		t.host.Logger.Debug("incremental snapshot: a chunk gave way (a row of it locked by a writer that has not committed, a lock on the table held too long, or the table renamed meanwhile); trying again shortly", "error", err, "retry_in", delay)
+		t.chunkRetryAt = time.Now().Add(delay)
+		return false, false, nil
+	case transient(err):
+		t.retryLater(ctx, "copying a chunk of an incremental snapshot", err)
+		return false, true, nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security") {
+		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; the copy would miss the rows the table's policies hide from the role (FORCE ROW LEVEL SECURITY): give the role BYPASSRLS, or ALTER TABLE ... NO FORCE ROW LEVEL SECURITY, or set %s=%s",
+			KeySnapshotMode, snapshotIncremental, err, KeySnapshotMode, snapshotNever)
+	}
+	return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w", KeySnapshotMode, snapshotIncremental, err)
 }
