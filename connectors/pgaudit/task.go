@@ -111,6 +111,9 @@ type Task struct {
 	// copyNext: the last Poll returned a batch that was not full, so the
 	// next one copies a chunk before it reads.
 	copyNext bool
+	// marksClearedAt is when a task without wake-ups (wakeup.notify=false)
+	// last made sure that no wake-up mark is set (marksRecheck).
+	marksClearedAt time.Time
 }
 
 var _ connect.SourceTask = (*Task)(nil)
@@ -274,6 +277,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 			return fmt.Errorf("clearing the wake-up marks in %s.%s (%s=false): %w", s.auditSchema, t.n.wakeup, KeyWakeupNotify, err)
 		}
 		t.mark = markClear
+		t.marksClearedAt = time.Now()
 	} else if err := t.listen(ctx); err != nil {
 		return err
 	}
@@ -524,7 +528,20 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		}
 		if !t.s.notify && t.emptyReads >= spinReads {
 			// No NOTIFYs (wakeup.notify=false): read again at the
-			// deadline.
+			// deadline. Now and then, clear marks that an older instance
+			// of a task, still stopping when this one cleared them at
+			// Start, set since: writers would NOTIFY again.
+			if time.Since(t.marksClearedAt) >= marksRecheck {
+				t.marksClearedAt = time.Now()
+				var waiters *int64
+				err := t.pool.QueryRow(ctx, `SELECT pg_catalog.pg_sequence_last_value($1::pg_catalog.regclass)`, pgx.Identifier{t.s.auditSchema, t.n.waiters}.Sanitize()).Scan(&waiters)
+				if err == nil && (waiters == nil || *waiters > 0) {
+					err = t.setWaiting(ctx, false, false)
+				}
+				if err != nil && interrupted() == nil {
+					t.host.Logger.Warn("clearing wake-up marks left by another instance failed; retrying later", "error", err)
+				}
+			}
 			if err := sleepCtx(ctx, time.Until(deadline)); err != nil {
 				return nil, err
 			}
@@ -573,8 +590,12 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 }
 
 // unmarkDelay is how long after an interrupted Poll the task's waiting
-// mark stays when no Poll follows (a variable for tests).
-var unmarkDelay = 500 * time.Millisecond
+// mark stays when no Poll follows; marksRecheck is how often a task
+// without wake-ups makes sure no mark is set (variables for tests).
+var (
+	unmarkDelay  = 500 * time.Millisecond
+	marksRecheck = 10 * time.Second
+)
 
 // scheduleUnmark clears the task's waiting mark if no Poll follows an
 // interrupted one within unmarkDelay: the runtime interrupts a waiting Poll

@@ -72,6 +72,14 @@ func TestWakeupNotifyOff(t *testing.T) {
 	if got := r.collect(1, true); len(got) != 1 || got[0].Op != "c" {
 		t.Fatalf("changes: %+v, want the insert", got)
 	}
+
+	// An older instance of task 0, still stopping when this one started,
+	// marks itself waiting: the running task clears it again.
+	override(t, &marksRecheck, 0)
+	mustExec(t, db, `INSERT INTO `+qualified(cfg[KeyAuditSchema], n.wakeup)+` VALUES (0, true) ON CONFLICT (task) DO UPDATE SET waiting = true`)
+	mustExec(t, db, `SELECT setval($1::regclass, 1)`, qualified(cfg[KeyAuditSchema], n.waiters))
+	r.pollAll(true)
+	awaitWaiting(t, db, cfg[KeyAuditSchema], n, false)
 }
 
 // TestTwoPhaseCommit: writers that PREPARE TRANSACTION. With
