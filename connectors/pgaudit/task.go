@@ -437,6 +437,19 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 	}
 	interval := time.Duration(t.s.pollInterval) * time.Millisecond
 	deadline := time.Now().Add(interval)
+	// chunk copies the next chunk of an incremental snapshot; stop says
+	// the Poll returns (nil, err).
+	chunk := func() (copied, stop bool, err error) {
+		copied, again, err := t.chunkStep(ctx, interval)
+		switch {
+		case err != nil && interrupted() != nil:
+			t.scheduleUnmark()
+			return false, true, interrupted()
+		case err != nil:
+			return false, true, err
+		}
+		return copied, again, nil
+	}
 	if t.copyNext && t.snapshotPending && !time.Now().Before(t.chunkRetryAt) {
 		// The task keeps up with the changes (its last batch was not
 		// full) but may never find the audit table empty: a chunk before
@@ -444,15 +457,8 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		// back. A task that falls behind reads full batches and copies
 		// only once it has caught up.
 		t.copyNext = false
-		_, again, err := t.chunkStep(ctx, interval)
-		switch {
-		case err != nil && interrupted() != nil:
-			t.scheduleUnmark()
-			return nil, interrupted()
-		case err != nil:
+		if _, stop, err := chunk(); stop {
 			return nil, err
-		case again:
-			return nil, nil
 		}
 	}
 	for {
@@ -508,15 +514,10 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 		if t.snapshotPending && !time.Now().Before(t.chunkRetryAt) {
 			// Nothing waiting: copy the next chunk of an incremental
 			// snapshot, and read it.
-			copied, again, err := t.chunkStep(ctx, interval)
+			copied, stop, err := chunk()
 			switch {
-			case err != nil && interrupted() != nil:
-				t.scheduleUnmark()
-				return nil, interrupted()
-			case err != nil:
+			case stop:
 				return nil, err
-			case again:
-				return nil, nil
 			case copied && time.Now().Before(deadline):
 				continue
 			case copied:
