@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -540,5 +541,39 @@ func TestImagesAfterDDLAreCompactLikeToJSON(t *testing.T) {
 	const want = `"after":{"id":1,"_column_2":"a \"b\"","_column_3":{"k" :  [1, 2]},"_column_4":null}`
 	if !strings.Contains(string(got[0].Raw), want) {
 		t.Errorf("record %s, want it to contain %s", got[0].Raw, want)
+	}
+}
+
+// TestGroupingWithHashAggregationOff: a writer whose session turned hash
+// aggregation off still gets its bulk statements grouped in statement
+// order (the function switches it on for its grouping: a sort need not keep
+// a group's rows in order), and finds its setting as it left it.
+func TestGroupingWithHashAggregationOff(t *testing.T) {
+	db, tbl, r := oneTable(t, "hashagg-", `(id int PRIMARY KEY, v text)`)
+	ctx := testCtx(t)
+	tx := begin(t, db)
+	txExec(t, tx, `SET LOCAL enable_hashagg = off`)
+	txExec(t, tx, `INSERT INTO `+tbl+` SELECT g, 'v' || g FROM generate_series(1, 2500) g`)
+	txExec(t, tx, `UPDATE `+tbl+` SET v = v || 'x'`)
+	var setting string
+	if err := tx.QueryRow(ctx, `SHOW enable_hashagg`).Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "off" {
+		t.Errorf("enable_hashagg = %s after the captured statements, want the writer's off", setting)
+	}
+	got := r.collect(5000, true)
+	for i, c := range got {
+		want := i%2500 + 1
+		id, _ := strconv.Atoi(fmt.Sprint(c.Key["id"]))
+		if id != want {
+			t.Fatalf("record %d (%s) is row %d, want row %d: statement order lost", i, c.Op, id, want)
+		}
+		if c.Op == "u" && (c.Before["v"] != fmt.Sprintf("v%d", id) || c.After["v"] != fmt.Sprintf("v%dx", id)) {
+			t.Fatalf("update of row %d: before %v after %v", id, c.Before["v"], c.After["v"])
+		}
 	}
 }

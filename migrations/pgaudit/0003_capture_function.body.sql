@@ -2,6 +2,7 @@ DECLARE
     v_txid     pg_catalog.xid8 := pg_catalog.pg_current_xact_id();
     v_rows     pg_catalog.int8 := 0;
     v_work_mem pg_catalog.text;
+    v_hashagg  pg_catalog.text;
     v_over     pg_catalog.bool;
     v_big      pg_catalog.bool;
     v_limit    pg_catalog.int8;
@@ -56,9 +57,13 @@ BEGIN
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             -- Grouping holds the whole rest in a hash table: spilling it to
-            -- disk would cost more than the grouping saves.
+            -- disk would cost more than the grouping saves. Hash aggregation
+            -- also keeps each group's rows in the order they came, which a
+            -- sort (chosen in a session with enable_hashagg off) does not
+            -- promise: it is switched on for the grouping, as work_mem.
             v_work_mem := pg_catalog.current_setting('work_mem');
-            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            v_hashagg := pg_catalog.current_setting('enable_hashagg');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true), pg_catalog.set_config('enable_hashagg', 'on', true);
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'c', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
@@ -68,7 +73,7 @@ BEGIN
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
             GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
             ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
-            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true), pg_catalog.set_config('enable_hashagg', v_hashagg, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         -- Old and new images pair by position: two unnests in ROWS FROM
@@ -83,7 +88,8 @@ BEGIN
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
-            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            v_hashagg := pg_catalog.current_setting('enable_hashagg');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true), pg_catalog.set_config('enable_hashagg', 'on', true);
             -- Old and new images must be cut at the same rows. Each side is
             -- cut every {{.Chunk}} rows, which needs no pairing of rows. Only a
             -- statement whose old or new images pass {{.SideBytes}} bytes (its
@@ -133,6 +139,12 @@ BEGIN
                     ORDER BY o.chunk)
                 SELECT f.over, f.big INTO v_over, v_big FROM f;
                 EXIT WHEN v_over OR NOT v_big;
+                IF v_limit OPERATOR(pg_catalog.=) {{.SideBytes}} THEN
+                    -- Cannot happen: an image over {{.SideBytes}} bytes makes
+                    -- its side over. Fail the statement rather than loop or
+                    -- lose its changes.
+                    RAISE EXCEPTION 'tidyconnect: grouping the images of a bulk UPDATE did not converge';
+                END IF;
                 v_limit := {{.SideBytes}};
             END LOOP;
             IF v_over THEN
@@ -149,7 +161,7 @@ BEGIN
                 GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
                 ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
             END IF;
-            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true), pg_catalog.set_config('enable_hashagg', v_hashagg, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, before)
@@ -158,7 +170,8 @@ BEGIN
         GET DIAGNOSTICS v_rows = ROW_COUNT;
         IF v_rows OPERATOR(pg_catalog.=) {{.Single}} THEN
             v_work_mem := pg_catalog.current_setting('work_mem');
-            PERFORM pg_catalog.set_config('work_mem', '64MB', true);
+            v_hashagg := pg_catalog.current_setting('enable_hashagg');
+            PERFORM pg_catalog.set_config('work_mem', '64MB', true), pg_catalog.set_config('enable_hashagg', 'on', true);
             INSERT INTO {{.Table}} (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, before)
             SELECT v_txid, v_schema, v_table, v_img_schema, v_img_table, v_img_relid, 'd', pg_catalog.count(*),
                    pg_catalog.array_send(pg_catalog.array_agg(g.r))
@@ -168,7 +181,7 @@ BEGIN
             WHERE g.rn OPERATOR(pg_catalog.>) {{.Single}}
             GROUP BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}})
             ORDER BY (((g.rn OPERATOR(pg_catalog.-) {{.Single}} OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) {{.Chunk}}) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) {{.GroupBytes}});
-            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true);
+            PERFORM pg_catalog.set_config('work_mem', v_work_mem, true), pg_catalog.set_config('enable_hashagg', v_hashagg, true);
         END IF;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
         -- The image columns say which table was truncated when it is not

@@ -15,7 +15,9 @@
 -- from the snapshot without a word. Off, such a table fails the copy (and
 -- the Start) instead; a superuser or a role with BYPASSRLS reads every row
 -- either way.
-SELECT pg_catalog.set_config('row_security', 'off', true);
+-- Hash aggregation keeps each group's rows in the order they came (a sort
+-- need not): on, whatever the role's default.
+SELECT pg_catalog.set_config('row_security', 'off', true), pg_catalog.set_config('enable_hashagg', 'on', true);
 INSERT INTO {{.Table}} (txid, schema_name, table_name, op, changes, after)
 SELECT pg_catalog.pg_current_xact_id(), {{.CapturedSchemaLiteral}}, {{.CapturedNameLiteral}}, 'r', pg_catalog.count(*),
        pg_catalog.array_send(pg_catalog.array_agg(g.r))
