@@ -13,10 +13,10 @@ import (
 // snapshotChunkPages is how many heap pages one chunk of an incremental
 // snapshot copies, in one short transaction; snapshotLockTimeout is how
 // long a chunk waits for a table lock (a rewrite) before it gives way;
-// snapshotGiveWayDelay is how long after giving way it is tried again
-// (variables for tests).
+// snapshotGiveWayDelay is how long after giving way it is tried again;
 // snapshotRecheck is how often a task with nothing left to copy looks for
-// copies asked for by hand (rows inserted into the progress table).
+// copies asked for by hand (rows inserted into the progress table)
+// (variables for tests).
 var (
 	snapshotChunkPages   int64 = 64
 	snapshotLockTimeout        = 2 * time.Second
@@ -27,8 +27,8 @@ var (
 // copyChunk copies the next chunk of one of the task's pending incremental
 // snapshots into the audit table, as 'r' changes that the task then reads
 // like any others (docs/decisions/0073). It reports whether there was
-// anything to do; once nothing is pending it stops looking until the next
-// Start.
+// anything to do; once nothing is pending the task looks again only every
+// snapshotRecheck (for copies asked for by hand).
 //
 // The chunk's rows are read FOR SHARE NOWAIT: a writer that changed one of
 // them and has not committed makes the chunk give way (it is tried again
