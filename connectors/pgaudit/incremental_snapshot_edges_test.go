@@ -37,14 +37,7 @@ func TestIncrementalSnapshotNoWriterDeadlock(t *testing.T) {
 	r := startConnector(t, cfg, connect.NewMemoryLedger())
 	t.Cleanup(func() { _ = r.stop(true) })
 
-	writer, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = writer.Rollback(context.Background()) }()
-	if _, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 1000`); err != nil {
-		t.Fatal(err)
-	}
+	writer := lockingWriter(t, db, `UPDATE `+table+` SET n = 1 WHERE id = 1000`)
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.tasks[0].copyChunk(ctx)
@@ -220,25 +213,9 @@ var steadyWriterPause = 2 * time.Millisecond
 // (each try writes row locks up to the writer's row): Polls return at the
 // poll interval, as when idle, with at most a few tries each.
 func TestIncrementalSnapshotGiveWayNoBusyLoop(t *testing.T) {
-	db, url := admin(t)
+	db, table, r := incrementalTable(t, "incr-busy-", 100, connect.Config{KeyPollIntervalMS: "1000"})
 	ctx := testCtx(t)
-	s := newSchema(t, db)
-	table := qualified(s, "t")
-	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL)`)
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0 FROM generate_series(1, 100) g`)
-	cfg := baseConfig(testenv.Unique("incr-busy-"), url, auditSchemaFor(t, db), s+".t")
-	cfg[KeySnapshotMode] = snapshotIncremental
-	cfg[KeyPollIntervalMS] = "1000"
-	r := startConnector(t, cfg, connect.NewMemoryLedger())
-	t.Cleanup(func() { _ = r.stop(true) })
-	writer, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = writer.Rollback(context.Background()) }()
-	if _, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 50`); err != nil {
-		t.Fatal(err)
-	}
+	lockingWriter(t, db, `UPDATE `+table+` SET n = 1 WHERE id = 50`)
 	var before int64
 	rollbacks := `SELECT xact_rollback FROM pg_catalog.pg_stat_database WHERE datname = pg_catalog.current_database()`
 	mustExec(t, db, `SELECT pg_catalog.pg_stat_clear_snapshot()`)

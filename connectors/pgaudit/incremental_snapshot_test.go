@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
@@ -60,6 +61,22 @@ func incrementalTable(t *testing.T, prefix string, rows int, set connect.Config)
 	r = startConnector(t, cfg, connect.NewMemoryLedger())
 	t.Cleanup(func() { _ = r.stop(true) })
 	return db, table, r
+}
+
+// lockingWriter begins a transaction that runs sql (an UPDATE: it holds
+// the rows' locks until the caller commits), rolled back at cleanup if
+// still open.
+func lockingWriter(t *testing.T, db *pgxpool.Pool, sql string) pgx.Tx {
+	t.Helper()
+	writer, err := db.Begin(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = writer.Rollback(context.Background()) })
+	if _, err := writer.Exec(testCtx(t), sql); err != nil {
+		t.Fatal(err)
+	}
+	return writer
 }
 
 // TestIncrementalSnapshotUnderWrites: with snapshot.mode=incremental the
@@ -319,14 +336,7 @@ func TestIncrementalSnapshotGivesWay(t *testing.T) {
 	db, table, r := incrementalTable(t, "incr-way-", 100, nil)
 	ctx := testCtx(t)
 
-	writer, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = writer.Rollback(ctx) }()
-	if _, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 50`); err != nil {
-		t.Fatal(err)
-	}
+	writer := lockingWriter(t, db, `UPDATE `+table+` SET n = 1 WHERE id = 50`)
 	before, _ := pendingPages(t, db, r)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	recs, err := r.tasks[0].Poll(pctx)
