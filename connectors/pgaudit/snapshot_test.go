@@ -441,55 +441,78 @@ func TestInitialSnapshotCancelledStart(t *testing.T) {
 // pgaudit connector of the database started meanwhile (here one capturing a
 // small table, snapshot.mode=never) waits for it and then starts, rather
 // than fail on the advisory lock with "lock timeout".
+//
+// A's copy of two tables stalls on their held TOAST indexes
+// (holdToastIndex), released one after the other: A copies for 11 s in all
+// however fast the machine, while neither of its own lock waits comes near
+// its lock_timeout.
 func TestInitialSnapshotLongCopyOtherStart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("copies for more than 10 s")
-	}
 	db, url := admin(t)
 	s := newSchema(t, db)
-	big := qualified(s, "big")
-	// Many narrow columns: cheap to insert, dear to copy (record_send per
-	// column), so the copy passes 10 s with a table built in a few.
-	var cols, vals strings.Builder
-	for i := range 40 {
-		fmt.Fprintf(&cols, ", c%d int", i)
-		vals.WriteString(", g")
+	var releases []func()
+	for _, name := range []string{"big1", "big2"} {
+		big := qualified(s, name)
+		mustExec(t, db, `CREATE TABLE `+big+` (id int PRIMARY KEY, v text)`)
+		mustExec(t, db, `ALTER TABLE `+big+` ALTER v SET STORAGE EXTERNAL`)
+		mustExec(t, db, `INSERT INTO `+big+` SELECT g, repeat('x', 10000) FROM generate_series(1, 5) g`)
+		release := holdToastIndex(t, db, big)
+		defer release()
+		releases = append(releases, release)
 	}
-	mustExec(t, db, `CREATE UNLOGGED TABLE `+big+` (id int`+cols.String()+`)`)
-	mustExec(t, db, `INSERT INTO `+big+` SELECT g`+vals.String()+` FROM generate_series(1, 2500000) g`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "small")+` (id int PRIMARY KEY)`)
 	audit := auditSchemaFor(t, db)
 
-	cfgA := baseConfig(testenv.Unique("snaplongA-"), url, audit, s+".big")
+	cfgA := baseConfig(testenv.Unique("snaplongA-"), url, audit, s+".big1", s+".big2")
 	cfgA[KeySnapshotMode] = snapshotInitial
 	la := connect.NewMemoryLedger()
 	type result struct {
 		r   *running
 		err error
 	}
-	done := make(chan result, 1)
+	doneA := make(chan result, 1)
 	go func() {
 		r, err := tryStart(t, cfgA, la)
-		done <- result{r, err}
+		doneA <- result{r, err}
 	}()
-	// A is copying once its triggers' lock is granted.
+	// A is in its provisioning script, holding the advisory lock, once a
+	// trigger's lock is granted.
 	await(t, 30*time.Second, func() (bool, string, error) {
 		var n int
-		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'ShareRowExclusiveLock' AND granted`, big).Scan(&n)
-		return n > 0, "connector A never locked the big table", err
+		err := db.QueryRow(testCtx(t), `SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND mode = 'ShareRowExclusiveLock' AND granted`, qualified(s, "big1")).Scan(&n)
+		return n > 0, "connector A never locked big1", err
 	})
 
 	cfgB := baseConfig(testenv.Unique("snaplongB-"), url, audit, s+".small")
-	rb, errB := tryStart(t, cfgB, connect.NewMemoryLedger())
-	resA := <-done
+	startB := time.Now()
+	doneB := make(chan result, 1)
+	go func() {
+		r, err := tryStart(t, cfgB, connect.NewMemoryLedger())
+		doneB <- result{r, err}
+	}()
+	for i, after := range []time.Duration{6 * time.Second, 11 * time.Second} {
+		select {
+		case res := <-doneB:
+			t.Fatalf("connector B's Start returned after %v, while A still copied: %v", time.Since(startB).Round(time.Millisecond), res.err)
+		case res := <-doneA:
+			t.Fatalf("connector A's Start returned while its copy was held: %v", res.err)
+		case <-time.After(time.Until(startB.Add(after))):
+		}
+		releases[i]()
+	}
+	resA := <-doneA
 	if resA.err != nil {
 		t.Fatalf("connector A: %v", resA.err)
 	}
 	t.Cleanup(func() { _ = resA.r.stop(true) })
-	if errB != nil {
-		t.Fatalf("connector B, started while A copied: %v", errB)
+	resB := <-doneB
+	if resB.err != nil {
+		t.Fatalf("connector B, started while A copied: %v", resB.err)
 	}
+	rb := resB.r
 	t.Cleanup(func() { _ = rb.stop(true) })
+	if got := len(resA.r.collect(10, true)); got != 10 {
+		t.Errorf("connector A delivered %d snapshot records, want 10", got)
+	}
 	mustExec(t, db, `INSERT INTO `+qualified(s, "small")+` VALUES (1)`)
 	if c := rb.collect(1, true)[0]; c.Op != "c" || c.Source.Table != "small" {
 		t.Errorf("connector B: %s of %s", c.Op, c.Source.Table)
