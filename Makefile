@@ -4,7 +4,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/tidyconnect/tidyconnect/runtime/version.Version=$(VERSION) -X github.com/tidyconnect/tidyconnect/runtime/version.Commit=$(COMMIT)
 
-.PHONY: build test fmt-check vet unit bench run up demo clean
+.PHONY: build test fmt-check vet unit bench capture-cost run up demo clean
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/tidyconnect
@@ -28,6 +28,11 @@ test: fmt-check vet
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+
+# pgaudit's capture cost in instructions (callgrind; needs valgrind and
+# PostgreSQL's server binaries): the same figures on every run.
+capture-cost:
+	scripts/capture-cost.sh
 
 run: build
 	$(BIN) standalone --data-dir ./data
