@@ -81,6 +81,14 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := provision(ctx, conn, s, h); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_timeout; provision rolled back
+			relations := []string{pgx.Identifier{s.auditSchema, objectNames(s.name).table}.Sanitize()}
+			for _, t := range s.tables {
+				relations = append(relations, t.quoted())
+			}
+			return fmt.Errorf("%w%s", err, lockAdvice(ctx, conn, relations, "", "restart the connector"))
+		}
 		return err
 	}
 	warnTwoPhaseCommit(ctx, conn, s, h)
@@ -1906,6 +1914,51 @@ func dropAdvice(err error) string {
 	return ""
 }
 
+// lockAdvice names what holds locks on relations (quoted names) when
+// provisioning or a drop waited for them past lock_timeout: prepared
+// transactions, which keep their locks until COMMIT PREPARED or ROLLBACK
+// PREPARED however often the Start or deletion is retried (and which
+// pg_stat_activity does not show), and sessions whose transaction is older
+// than the wait (a forgotten "idle in transaction" one never ends). conn
+// must be out of the failed transaction. Best effort: "" when none is
+// found (or the lookup fails); else " (<prefix>...; then <retry>)".
+func lockAdvice(ctx context.Context, conn *pgx.Conn, relations []string, prefix, retry string) string {
+	rows, err := conn.Query(ctx, `
+SELECT DISTINCT 'prepared transaction ' || pg_catalog.quote_literal(p.gid)
+FROM pg_catalog.pg_prepared_xacts p
+JOIN pg_catalog.pg_locks x ON x.locktype = 'transactionid' AND x.transactionid = p.transaction AND x.pid IS NULL
+JOIN pg_catalog.pg_locks l ON l.virtualtransaction = x.virtualtransaction AND l.locktype = 'relation' AND l.pid IS NULL
+WHERE p.database = pg_catalog.current_database()
+  AND l.relation IN (SELECT pg_catalog.to_regclass(r) FROM pg_catalog.unnest($1::text[]) AS r)
+UNION
+SELECT DISTINCT 'session ' || a.pid || ' (' || coalesce(a.state, 'unknown state')
+       || coalesce(', ' || pg_catalog.quote_literal(NULLIF(a.application_name, '')), '') || ')'
+FROM pg_catalog.pg_locks l
+JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_catalog.pg_backend_pid()
+  AND a.datname = pg_catalog.current_database() -- relation OIDs are per database
+  AND l.relation IN (SELECT pg_catalog.to_regclass(r) FROM pg_catalog.unnest($1::text[]) AS r)
+  -- older than takeLock's lock_timeout: not a writer that came since
+  AND a.xact_start < pg_catalog.clock_timestamp() - interval '10 s'
+ORDER BY 1`, relations)
+	if err != nil {
+		return ""
+	}
+	holders, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(holders) == 0 {
+		return ""
+	}
+	var do []string // ORDER BY lists prepared transactions before sessions
+	if strings.HasPrefix(holders[0], "prepared") {
+		do = append(do, "commit or roll back a prepared transaction with COMMIT PREPARED or ROLLBACK PREPARED (pg_prepared_xacts lists them)")
+	}
+	if strings.HasPrefix(holders[len(holders)-1], "session") {
+		do = append(do, "let a session's transaction finish or end it (pg_terminate_backend)")
+	}
+	return fmt.Sprintf(" (%slocks on the connector's tables are held by %s: %s; then %s)",
+		prefix, strings.Join(holders, ", "), strings.Join(do, ", "), retry)
+}
+
 // dropOwned drops, in one transaction, every ledger-listed object that still
 // carries this connector's marker, then releases the entries. An object
 // that is gone counts as dropped; one whose marker is not ours (someone
@@ -2012,7 +2065,9 @@ WHERE tg.tgparentid = 0`, n.marker, trigS, trigT, trigN)
 	// table before the audit table, and so must the deletion, or the
 	// writer can become a deadlock victim.
 	var tableTriggers, auditTriggers, script strings.Builder
+	var locked []string // the relations the drops lock, for lockAdvice
 	dropTriggerOn := func(trigger string, table []string) {
+		locked = append(locked, pgx.Identifier(table).Sanitize())
 		b := &tableTriggers
 		if len(table) == 2 && table[1] == n.table {
 			b = &auditTriggers
@@ -2077,8 +2132,10 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 			}
 			fmt.Fprintf(&script, "DROP FUNCTION IF EXISTS %s;\n", fn)
 		case KindSequence:
+			locked = append(locked, pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 			fmt.Fprintf(&script, "DROP SEQUENCE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 		case KindTable:
+			locked = append(locked, pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 			fmt.Fprintf(&script, "DROP TABLE IF EXISTS %s;\n", pgx.Identifier{tg.parts[0], tg.r.Name}.Sanitize())
 		case KindSchema:
 			schemas = append(schemas, tg)
@@ -2086,7 +2143,14 @@ JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = $1
 	}
 	if drops := tableTriggers.String() + auditTriggers.String() + script.String(); drops != "" {
 		if _, err := tx.Exec(ctx, drops); err != nil {
-			return fmt.Errorf("dropping the owned objects%s: %w", dropAdvice(err), err)
+			advice := dropAdvice(err)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_timeout
+				// Out of the failed transaction to look at the locks.
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				advice = lockAdvice(ctx, conn, locked, "nothing was dropped: ", "retry the deletion")
+			}
+			return fmt.Errorf("dropping the owned objects%s: %w", advice, err)
 		}
 	}
 	for _, tg := range schemas {

@@ -94,6 +94,7 @@ type Task struct {
 	pendingDelete   []int64                // acknowledged, DELETE not yet done
 	pendingProgress map[int64]int          // partly acknowledged rows: delivered count not yet written
 	backoff         time.Duration
+	readFailed      bool // the last read failed (retryLater)
 	closeOnce       sync.Once
 
 	// auditTable and snapshotTable are the quoted names of the audit
@@ -480,8 +481,16 @@ func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
 			if !transient(err) {
 				return nil, fmt.Errorf("reading the audit table %s.%s: %w", t.s.auditSchema, t.n.table, err)
 			}
+			t.readFailed = true
 			t.retryLater(ctx, "reading the audit table", err)
 			return nil, nil
+		}
+		if t.readFailed {
+			// The database answers again, also to an idle task: the next
+			// outage backs off from the first step. (Not on every read: a
+			// LISTEN connection that cannot be reopened while reads work,
+			// connection slots used up, keeps backing off.)
+			t.readFailed, t.backoff = false, 0
 		}
 		if recs != nil {
 			t.backoff = 0
