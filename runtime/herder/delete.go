@@ -225,8 +225,13 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 		return err
 	}
 	if h.adm != nil {
-		// Best effort: a leftover group only holds offsets.
-		if err := h.dropSinkGroup(ctx, SinkGroup(name)); err != nil {
+		// Best effort: a leftover group only holds offsets, but a sink
+		// created later under the name would resume from them.
+		wait := time.Duration(0)
+		if c.spec.Type == connect.TypeSink {
+			wait = sinkGroupMemberWait // members left are its own gone consumers
+		}
+		if err := h.dropSinkGroupOnceEmpty(ctx, SinkGroup(name), wait); err != nil {
 			h.logger(c).Warn("could not delete the sink consumer group; delete it by hand if it matters", "group", SinkGroup(name), "error", err)
 		}
 	}
@@ -247,6 +252,36 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 	h.mu.Unlock()
 	h.forgetStatuses(name, -1)
 	return nil
+}
+
+// sinkGroupMemberWait bounds how long a deletion waits for the members
+// left in its sink's consumer group to go: a consumer of a killed worker
+// never leaves, and the group keeps it until its session times out (10 s,
+// decision 0013); the stopped task's consumer, whose leave timed out
+// behind that rebalance, goes after it (about 15 s after the stop in the
+// integration suite). Right after a crash that is the common case, and
+// deleting nothing then left the committed offsets to a sink created later
+// under the name.
+const sinkGroupMemberWait = 25 * time.Second
+
+// dropSinkGroupOnceEmpty is dropSinkGroup, waiting (at most wait) while
+// the group still has members: a sink's own tasks have stopped, so they are
+// gone consumers waiting out their session.
+func (h *Standalone) dropSinkGroupOnceEmpty(ctx context.Context, group string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := h.dropSinkGroup(ctx, group)
+		if !errors.Is(err, errGroupHasMembers) || !time.Now().Before(deadline) {
+			return err
+		}
+		t := time.NewTimer(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 func (h *Standalone) putPhase(ctx context.Context, c *conn, in *store.DeletionIntent) {

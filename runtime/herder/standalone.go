@@ -2050,7 +2050,7 @@ func (h *Standalone) dropSinkGroup(ctx context.Context, group string) error {
 		case d.Err != nil && !isGroupGone(d.Err):
 			return fmt.Errorf("describing it: %w", d.Err)
 		case len(d.Members) > 0:
-			return fmt.Errorf("the group has %d active member(s) (state %s): a consumer still uses it (a member whose leave timed out stays until its session times out); nothing was deleted, retry once it is empty", len(d.Members), d.State)
+			return fmt.Errorf("the group has %d active member(s) (state %s): %w (a member whose leave timed out stays until its session times out); nothing was deleted, retry once it is empty", len(d.Members), d.State, errGroupHasMembers)
 		}
 	}
 	offs, err := h.adm.FetchOffsets(ctx, group)
@@ -2080,6 +2080,10 @@ func (h *Standalone) dropSinkGroup(ctx context.Context, group string) error {
 	}
 	return nil
 }
+
+// errGroupHasMembers is dropSinkGroup's error for a group a consumer still
+// belongs to.
+var errGroupHasMembers = errors.New("a consumer still uses it")
 
 func isGroupGone(err error) bool {
 	return err != nil && (strings.Contains(err.Error(), "GROUP_ID_NOT_FOUND") || strings.Contains(err.Error(), "does not exist"))

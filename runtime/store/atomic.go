@@ -116,6 +116,12 @@ func corruptAdvice(name string) string {
 		return "restore it from a backup or repair the JSON by hand: removing it abandons a deletion that has not finished, whose resources stay in ledger.json"
 	case "offsets.json":
 		return "restore it from a backup or repair the JSON by hand: removing it makes the connector's source tasks start again from the beginning"
+	case "config.json":
+		// Without it the connector is forgotten, but its ledger stays: an
+		// orphan that no deletion reads.
+		return "restore it from a backup or repair the JSON by hand: removing it forgets the connector (unless deletion.json holds its deletion), and no deletion then drops the resources its ledger.json lists unless a connector is created again under the same name (which adopts them) and deleted"
+	case "topics.json":
+		return "restore it from a backup, repair the JSON by hand, or remove it: that only forgets which topics the connector used (GET /connectors/{name}/topics)"
 	}
 	return "restore it from a backup or repair the JSON by hand"
 }
