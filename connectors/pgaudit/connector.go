@@ -356,6 +356,19 @@ SELECT t.s, t.n, c.relkind::text, coalesce(c.relispartition, false),
                                    AND (tg.tgname = $3 OR (tg.tgname = $4 AND pg_catalog.current_setting('server_version_num')::int >= 150000))
                                    AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
                                                    || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}'),
+       -- an incremental snapshot, scheduled when the row trigger is made,
+       -- reads each leaf partition by name FOR SHARE (docs/decisions/0073),
+       -- which needs SELECT and UPDATE on it (owning the partitioned table
+       -- does not give them); the other modes read through the table
+       coalesce((SELECT array_agg('"' || pg_catalog.replace(pns.nspname, '"', '""') || '"."' || pg_catalog.replace(pc.relname, '"', '""') || '"' ORDER BY pt.level, pc.relname)
+                 FROM pg_catalog.pg_partition_tree(c.oid) AS pt
+                 JOIN pg_catalog.pg_class pc ON pc.oid = pt.relid JOIN pg_catalog.pg_namespace pns ON pns.oid = pc.relnamespace
+                 WHERE $7 AND pt.relid <> c.oid AND pt.isleaf AND pc.relkind = 'r'
+                   AND NOT (has_table_privilege(pt.relid, 'SELECT') AND has_table_privilege(pt.relid, 'UPDATE'))
+                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg WHERE tg.tgrelid = c.oid AND tg.tgparentid = 0
+                                   AND (tg.tgname = $3 OR (tg.tgname = $4 AND pg_catalog.current_setting('server_version_num')::int >= 150000))
+                                   AND tg.tgargs = pg_catalog.convert_to(t.s, pg_catalog.getdatabaseencoding()) || '\x00'::bytea
+                                                   || pg_catalog.convert_to(t.n, pg_catalog.getdatabaseencoding()) || '\x00'::bytea)), '{}'),
        -- a table gone under this name whose capture triggers still file
        -- changes under it: renamed (or moved to another schema) since
        (SELECT pg_catalog.string_agg(DISTINCT '"' || pg_catalog.replace(rns.nspname, '"', '""') || '"."' || pg_catalog.replace(rc.relname, '"', '""') || '"', ', ')
@@ -370,7 +383,7 @@ LEFT JOIN pg_catalog.pg_namespace ns ON ns.nspname = t.s
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = t.n
 ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.name).base+"_row",
 		pgx.Identifier{s.auditSchema, objectNames(s.name).function}.Sanitize()+"()",
-		pgx.Identifier{s.auditSchema, objectNames(s.name).rowFunction}.Sanitize()+"()")
+		pgx.Identifier{s.auditSchema, objectNames(s.name).rowFunction}.Sanitize()+"()", s.incremental)
 	if err != nil {
 		return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 	}
@@ -393,9 +406,10 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			parent         *string
 			ancSch, ancTab []string
 			noTrigger      []string // partitions without TRIGGER privilege
+			noCopy         []string // partitions an incremental snapshot cannot read
 			renamedTo      *string  // a missing table's name now, from its capture triggers
 		)
-		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &schemaUsage, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger, &renamedTo); err != nil {
+		if err := rows.Scan(&schema, &table, &kind, &partition, &sel, &trig, &owns, &owner, &user, &schemaUsage, &comment, &children, &parent, &ancSch, &ancTab, &noTrigger, &noCopy, &renamedTo); err != nil {
 			rows.Close()
 			return nil, nil, fmt.Errorf("checking the configured tables: %w", err)
 		}
@@ -451,6 +465,9 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			}
 			for _, p := range noTrigger {
 				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on %s, a partition of %s (its capture trigger is copied onto every partition): GRANT TRIGGER ON %s TO %s (or connect as the owner)", pgx.Identifier{user}.Sanitize(), p, t.quoted(), p, pgx.Identifier{user}.Sanitize()))
+			}
+			for _, p := range noCopy {
+				problems = append(problems, fmt.Sprintf("role %s has no SELECT and UPDATE privileges on %s, a partition of %s (%s=%s copies each partition by name, reading its rows FOR SHARE): GRANT SELECT, UPDATE ON %s TO %s (or connect as the owner, or use %s=%s, which reads through %s)", pgx.Identifier{user}.Sanitize(), p, t.quoted(), KeySnapshotMode, snapshotIncremental, p, pgx.Identifier{user}.Sanitize(), KeySnapshotMode, snapshotInitial, t.quoted()))
 			}
 		}
 	}

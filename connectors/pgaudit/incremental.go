@@ -46,10 +46,13 @@ func (t *Task) copyChunk(ctx context.Context) (copied bool, err error) {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// A chunk waits for a rewrite in progress (not for writers of its
-	// rows: NOWAIT), for up to snapshotLockTimeout; then it gives way.
+	// rows: NOWAIT), for up to snapshotLockTimeout; then it gives way. A
+	// shorter statement_timeout of the role would fail the task instead:
+	// off for the waits, the role's again for the copy.
 	// Hash aggregation keeps each group's rows in the order they came (a
 	// sort need not): on, whatever the role's default.
-	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.set_config('row_security', 'off', true), pg_catalog.set_config('enable_hashagg', 'on', true)`, fmt.Sprintf("%dms", snapshotLockTimeout.Milliseconds())); err != nil {
+	var statementTimeout string
+	if err := tx.QueryRow(ctx, `SELECT pg_catalog.current_setting('statement_timeout'), pg_catalog.set_config('statement_timeout', '0', true), pg_catalog.set_config('lock_timeout', $1, true), pg_catalog.set_config('row_security', 'off', true), pg_catalog.set_config('enable_hashagg', 'on', true)`, fmt.Sprintf("%dms", snapshotLockTimeout.Milliseconds())).Scan(&statementTimeout, new(string), new(string), new(string), new(string)); err != nil {
 		return false, err
 	}
 	var schemas, names []string
@@ -118,6 +121,9 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	// ROW SHARE: writers go on; a rewrite (VACUUM FULL, CLUSTER, ALTER
 	// TABLE ... TYPE) waits for the chunk, or the chunk for it.
 	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY `+leaf.quoted()+` IN ROW SHARE MODE`); err != nil {
+		return false, fmt.Errorf("locking %s: %w", leaf.quoted(), err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.set_config('statement_timeout', $1, true)`, statementTimeout); err != nil {
 		return false, err
 	}
 	// Still captured under the name it is filed under: the relation itself
@@ -128,10 +134,15 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	// sent, and no trigger sees their later changes; copying them would
 	// send rows (and states) the captured table never held. Nor is a
 	// relation named by mistake in a copy asked for by hand.
+	// And the name locked (and read below) is still the relation's: LOCK
+	// TABLE looks the name up again once it has the lock, so a swap it
+	// waited for (the table renamed, another made under its name) left it
+	// holding the other table, whose rows no trigger captures.
 	var currentNode uint32
 	var currentBlocks int64
-	var captured bool
+	var captured, same bool
 	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
+       COALESCE(pg_catalog.to_regclass($6::pg_catalog.text)::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid, false),
        EXISTS (SELECT 1 FROM (SELECT $1::pg_catalog.oid AS relid UNION ALL SELECT pg_catalog.pg_partition_ancestors($1::pg_catalog.oid)::pg_catalog.oid) a
                JOIN pg_catalog.pg_trigger tg ON tg.tgrelid OPERATOR(pg_catalog.=) a.relid
                WHERE tg.tgparentid OPERATOR(pg_catalog.=) 0::pg_catalog.oid
@@ -140,8 +151,11 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
                       OR tg.tgargs OPERATOR(pg_catalog.=) (pg_catalog.convert_to($4, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
                                      OPERATOR(pg_catalog.||) pg_catalog.convert_to($5, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea)))`,
 		relid, pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()", pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()",
-		filed.Schema, filed.Name).Scan(&currentNode, &currentBlocks, &captured); err != nil {
+		filed.Schema, filed.Name, leaf.quoted()).Scan(&currentNode, &currentBlocks, &same, &captured); err != nil {
 		return false, err
+	}
+	if !same {
+		return false, errRenamedMeanwhile // the next try reads its name now
 	}
 	if !captured {
 		return done("incremental snapshot: the relation is no longer captured under the table (a partition detached, or its capture triggers dropped); nothing left to copy of it")
@@ -201,12 +215,22 @@ GROUP BY `+group+` ORDER BY `+group,
 	return true, nil
 }
 
+// errRenamedMeanwhile: the relation of a chunk was renamed between reading
+// its name and locking the table by that name, and another table has the
+// name now.
+var errRenamedMeanwhile = errors.New("the table was renamed while the chunk waited for its lock, and another table took its name")
+
 // copyAgain reports whether a chunk that failed with err is simply tried
 // again shortly: a row locked by a writer (NOWAIT) or a table lock wait
 // that ran out of time (lock_timeout), both 55P03; the relation renamed
 // between reading its name and copying from it (the next try reads the
-// new name); or a deadlock with a Start that drops the table's trigger.
+// new name); a deadlock with a Start that drops the table's trigger; or a
+// row of the chunk moved to another partition by a writer that committed
+// while the chunk read (40001, "tuple to be locked was already moved to
+// another partition": the only serialization failure under READ
+// COMMITTED), not a database in trouble.
 func copyAgain(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "42P01" || pgErr.Code == "40P01")
+	return errors.Is(err, errRenamedMeanwhile) ||
+		errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "42P01" || pgErr.Code == "40P01" || pgErr.Code == "40001")
 }

@@ -32,12 +32,13 @@ func (r *running) collectAll(db *pgxpool.Pool) []change {
 	var got []change
 	deadline := time.Now().Add(60 * time.Second)
 	for {
+		// Pending before the drain: a Poll interrupted at its deadline may
+		// have copied a chunk (it runs on) without reading it.
+		_, left := pendingPages(r.t.(*testing.T), db, r)
 		more := r.drain()
 		got = append(got, more...)
-		if len(more) == 0 {
-			if _, left := pendingPages(r.t.(*testing.T), db, r); left == 0 {
-				return got
-			}
+		if len(more) == 0 && left == 0 {
+			return got
 		}
 		if time.Now().After(deadline) {
 			r.t.Fatalf("the incremental snapshot did not finish within 60 s (%d records so far)", len(got))

@@ -1710,14 +1710,26 @@ func appendJSONString(out []byte, s string) []byte {
 // empty (after a transient failure's backoff); err is fatal for the Poll
 // (or an interruption, which the caller tells apart).
 func (t *Task) chunkStep(ctx context.Context, interval time.Duration) (copied, again bool, err error) {
-	copied, err = t.copyChunk(ctx)
+	// A chunk runs on when the Poll is interrupted for a Commit, as a read
+	// does (pollOnce): the worker interrupts a Poll 50 ms after an ack
+	// while records are in flight, and under a steady stream a chunk longer
+	// than that was cut off, and redone, at every Poll, and never copied. A
+	// Stop cuts it short at once, an interruption after interruptGrace.
+	cctx, ccancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer ccancel()
+	defer context.AfterFunc(t.stopContext(), ccancel)()
+	defer context.AfterFunc(ctx, func() {
+		grace := time.AfterFunc(interruptGrace, ccancel)
+		context.AfterFunc(cctx, func() { grace.Stop() })
+	})()
+	copied, err = t.copyChunk(cctx)
 	switch {
 	case err == nil:
 		if copied {
 			t.chunkGaveWay = 0
 		}
 		return copied, false, nil
-	case ctx.Err() != nil || t.stopContext().Err() != nil:
+	case cctx.Err() != nil:
 		return false, false, err
 	case copyAgain(err):
 		// Not at once: a writer's transaction can hold a row of the chunk
@@ -1725,7 +1737,7 @@ func (t *Task) chunkStep(ctx context.Context, interval time.Duration) (copied, a
 		// task reads changes as when idle.
 		delay := min(snapshotGiveWayDelay<<min(t.chunkGaveWay, 5), max(interval, snapshotGiveWayDelay))
 		t.chunkGaveWay++
-		t.host.Logger.Debug("incremental snapshot: a chunk gave way (a row of it locked by a writer that has not committed, a lock on the table held too long, or the table renamed meanwhile); trying again shortly", "error", err, "retry_in", delay)
+		t.host.Logger.Debug("incremental snapshot: a chunk gave way (a row of it locked by a writer that has not committed or moved to another partition meanwhile, a lock on the table held too long, or the table renamed meanwhile); trying again shortly", "error", err, "retry_in", delay)
 		t.chunkRetryAt = time.Now().Add(delay)
 		return false, false, nil
 	case transient(err):
@@ -1736,6 +1748,17 @@ func (t *Task) chunkStep(ctx context.Context, interval time.Duration) (copied, a
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && strings.Contains(pgErr.Message, "row-level security") {
 		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; the copy would miss the rows the table's policies hide from the role (FORCE ROW LEVEL SECURITY): give the role BYPASSRLS, or ALTER TABLE ... NO FORCE ROW LEVEL SECURITY, or set %s=%s",
 			KeySnapshotMode, snapshotIncremental, err, KeySnapshotMode, snapshotNever)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout") {
+		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; a chunk's copy (%d pages, with their out-of-line values) took longer than the role's statement_timeout: raise it for the connector's role (ALTER ROLE ... SET statement_timeout), or set %s=%s",
+			KeySnapshotMode, snapshotIncremental, err, snapshotChunkPages, KeySnapshotMode, snapshotNever)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		// A partition of another owner (validation checks those of a
+		// copy the Start schedules, not one asked for by hand or a
+		// privilege revoked since).
+		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; a chunk reads the table, or each of its leaf partitions, by name FOR SHARE, which needs SELECT and UPDATE on the relation named: GRANT SELECT, UPDATE ON it TO the connector's role (or delete its row from the progress table %s to give its copy up)",
+			KeySnapshotMode, snapshotIncremental, err, t.snapshotTable)
 	}
 	return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w", KeySnapshotMode, snapshotIncremental, err)
 }
