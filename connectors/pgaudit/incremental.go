@@ -11,7 +11,10 @@ import (
 )
 
 // snapshotChunkPages is how many heap pages one chunk of an incremental
-// snapshot copies, in one short transaction; snapshotLockTimeout is how
+// snapshot copies at most, in one short transaction; snapshotChunkBytes is
+// about how many bytes of images a chunk aims at (fewer pages where the
+// rows' out-of-line values make pages weigh more: see chunkPagesFor);
+// snapshotLockTimeout is how
 // long a chunk waits for a table lock (a rewrite) before it gives way;
 // snapshotGiveWayDelay is how long after giving way it is tried again;
 // snapshotRecheck is how often a task with nothing left to copy looks for
@@ -19,6 +22,7 @@ import (
 // (variables for tests).
 var (
 	snapshotChunkPages   int64 = 64
+	snapshotChunkBytes   int64 = 8 << 20
 	snapshotLockTimeout        = 2 * time.Second
 	snapshotGiveWayDelay       = 200 * time.Millisecond
 	snapshotRecheck            = 10 * time.Second
@@ -139,9 +143,10 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	// waited for (the table renamed, another made under its name) left it
 	// holding the other table, whose rows no trigger captures.
 	var currentNode uint32
-	var currentBlocks int64
+	var currentBlocks, tableBytes int64
 	var captured, same bool
 	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
+       pg_catalog.pg_table_size($1::pg_catalog.oid),
        COALESCE(pg_catalog.to_regclass($6::pg_catalog.text)::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid, false),
        EXISTS (SELECT 1 FROM (SELECT $1::pg_catalog.oid AS relid UNION ALL SELECT pg_catalog.pg_partition_ancestors($1::pg_catalog.oid)::pg_catalog.oid) a
                JOIN pg_catalog.pg_trigger tg ON tg.tgrelid OPERATOR(pg_catalog.=) a.relid
@@ -151,7 +156,7 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
                       OR tg.tgargs OPERATOR(pg_catalog.=) (pg_catalog.convert_to($4, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
                                      OPERATOR(pg_catalog.||) pg_catalog.convert_to($5, pg_catalog.getdatabaseencoding()) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea)))`,
 		relid, pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()", pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()",
-		filed.Schema, filed.Name, leaf.quoted()).Scan(&currentNode, &currentBlocks, &same, &captured); err != nil {
+		filed.Schema, filed.Name, leaf.quoted()).Scan(&currentNode, &currentBlocks, &tableBytes, &same, &captured); err != nil {
 		return false, err
 	}
 	if !same {
@@ -179,7 +184,8 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	if next >= *end {
 		return done("incremental snapshot: the table's rows are copied")
 	}
-	upto := min(next+snapshotChunkPages, *end)
+	pages := t.chunkPagesFor(relid, currentBlocks, tableBytes)
+	upto := min(next+pages, *end)
 	var imgSchema, imgTable *string
 	var imgRelid *uint32
 	if leaf != filed {
@@ -191,17 +197,21 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	// chunkChanges changes per audit row, fewer where their images pass
 	// groupBytes.
 	group := fmt.Sprintf(`(((g.rn OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) %d) OPERATOR(pg_catalog.*) 1048576) OPERATOR(pg_catalog.+) (g.run OPERATOR(pg_catalog./) %d)`, chunkChanges, groupBytes)
-	if _, err := tx.Exec(ctx, `INSERT INTO `+t.auditTable+` (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
+	var copiedBytes int64
+	if err := tx.QueryRow(ctx, `WITH ins AS (INSERT INTO `+t.auditTable+` (txid, schema_name, table_name, image_schema, image_table, image_relid, op, changes, after)
 SELECT pg_catalog.pg_current_xact_id(), $1, $2, $3, $4, $5, 'r', pg_catalog.count(*), pg_catalog.array_send(pg_catalog.array_agg(g.r))
 FROM (SELECT pg_catalog.row_number() OVER w AS rn, s.r, pg_catalog.sum(pg_catalog.octet_length(s.r)) OVER w AS run
       FROM (SELECT pg_catalog.record_send(c.*) AS r FROM ONLY `+leaf.quoted()+` c
             WHERE c.ctid OPERATOR(pg_catalog.>=) $6::pg_catalog.tid AND c.ctid OPERATOR(pg_catalog.<) $7::pg_catalog.tid
             FOR SHARE OF c NOWAIT OFFSET 0) s
       WINDOW w AS (ROWS UNBOUNDED PRECEDING)) g
-GROUP BY `+group+` ORDER BY `+group,
-		filed.Schema, filed.Name, imgSchema, imgTable, imgRelid, fmt.Sprintf("(%d,0)", next), fmt.Sprintf("(%d,0)", upto)); err != nil {
+GROUP BY `+group+` ORDER BY `+group+`
+RETURNING pg_catalog.octet_length(after) AS bytes)
+SELECT COALESCE(pg_catalog.sum(ins.bytes), 0)::pg_catalog.int8 FROM ins`,
+		filed.Schema, filed.Name, imgSchema, imgTable, imgRelid, fmt.Sprintf("(%d,0)", next), fmt.Sprintf("(%d,0)", upto)).Scan(&copiedBytes); err != nil {
 		return false, fmt.Errorf("copying pages %d to %d of %s: %w", next, upto, leaf.quoted(), err)
 	}
+	t.chunkCopied(relid, upto-next, copiedBytes)
 	if upto >= *end {
 		return done("incremental snapshot: the table's rows are copied")
 	}
@@ -213,6 +223,39 @@ GROUP BY `+group+` ORDER BY `+group,
 	}
 	t.host.Logger.Debug("incremental snapshot: copied a chunk", "table", filed.String(), "relation", leaf.String(), "pages", fmt.Sprintf("%d-%d of %d", next, upto, *end))
 	return true, nil
+}
+
+// chunkPagesFor is how many pages the next chunk of relation relid copies:
+// snapshotChunkPages where its pages hold a few kilobytes of rows, fewer
+// where out-of-line (TOAST) values make a page weigh megabytes, so that a
+// chunk stays near snapshotChunkBytes of images and holds its rows' share
+// locks, which writers of those rows wait for, only briefly. The first
+// chunk of a relation goes by its size on disk (heap and TOAST, per page);
+// later ones by what the last chunk copied (images are decompressed, and
+// can weigh more than the disk says). At least one page.
+func (t *Task) chunkPagesFor(relid uint32, blocks, tableBytes int64) int64 {
+	if t.chunkRelid == relid && t.chunkPages > 0 {
+		return min(t.chunkPages, snapshotChunkPages)
+	}
+	if blocks <= 0 || tableBytes <= 0 {
+		return snapshotChunkPages
+	}
+	return max(1, min(snapshotChunkPages, snapshotChunkBytes*blocks/tableBytes))
+}
+
+// chunkCopied adjusts the chunk size of relid to what a chunk of pages
+// pages copied: smaller at once past snapshotChunkBytes, doubling back while
+// under half of it.
+func (t *Task) chunkCopied(relid uint32, pages, bytes int64) {
+	switch {
+	case pages <= 0:
+		return
+	case bytes > snapshotChunkBytes:
+		pages = max(1, pages*snapshotChunkBytes/bytes)
+	case bytes < snapshotChunkBytes/2:
+		pages = min(snapshotChunkPages, pages*2)
+	}
+	t.chunkRelid, t.chunkPages = relid, pages
 }
 
 // errRenamedMeanwhile: the relation of a chunk was renamed between reading

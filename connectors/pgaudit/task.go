@@ -109,6 +109,10 @@ type Task struct {
 	// chunkGaveWay counts the chunks that gave way in a row.
 	chunkRetryAt time.Time
 	chunkGaveWay int
+	// chunkPages is how many pages the next chunk of relation chunkRelid
+	// copies (chunkPagesFor).
+	chunkRelid uint32
+	chunkPages int64
 	// copyNext: the last Poll returned a batch that was not full, so the
 	// next one copies a chunk before it reads.
 	copyNext bool
