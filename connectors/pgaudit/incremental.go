@@ -83,8 +83,8 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid OPERATOR(pg_catalog.=) c.relnamespace
 WHERE EXISTS (SELECT 1 FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS x(s, n)
               WHERE p.filed_schema OPERATOR(pg_catalog.=) x.s AND p.filed_table OPERATOR(pg_catalog.=) x.n)
-ORDER BY p.filed_schema, p.filed_table, p.relid
-LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind)
+ORDER BY p.relid OPERATOR(pg_catalog.=) $3::pg_catalog.oid, p.filed_schema, p.filed_table, p.relid
+LIMIT 1 FOR UPDATE OF p`, schemas, names, t.chunkSkip).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind)
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.snapshotPending = false
 		t.snapshotCheckedAt = time.Now()
@@ -93,6 +93,17 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names).Scan(&relid, &filedSchema, &filedTable
 	if err != nil {
 		return false, err
 	}
+	// A relation whose chunk gave way goes last next time: a row lock held
+	// for long (a session idle in its transaction) holds back only its own
+	// table's copy, not those of the task's other tables.
+	defer func() {
+		switch {
+		case err != nil && copyAgain(err):
+			t.chunkSkip = relid
+		case err == nil && relid == t.chunkSkip:
+			t.chunkSkip = 0
+		}
+	}()
 	filed := tableName{filedSchema, filedTable}
 	done := func(what string) (bool, error) {
 		if _, err := tx.Exec(ctx, `DELETE FROM `+t.snapshotTable+` WHERE relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid`, relid); err != nil {

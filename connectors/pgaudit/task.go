@@ -113,6 +113,8 @@ type Task struct {
 	// copies (chunkPagesFor).
 	chunkRelid uint32
 	chunkPages int64
+	// chunkSkip is the relation whose chunk last gave way: tried last.
+	chunkSkip uint32
 	// copyNext: the last Poll returned a batch that was not full, so the
 	// next one copies a chunk before it reads.
 	copyNext bool
