@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	neturl "net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -284,14 +282,7 @@ func TestProvisioningWaitsForTheSharedLockPastStatementTimeout(t *testing.T) {
 		_ = holder.Rollback(context.Background())
 		t.Fatal(err)
 	}
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("options", "-c statement_timeout=500ms")
-	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
-	cfg := baseConfig(testenv.Unique("lockwait-"), u.String(), auditSchemaFor(t, db), s+".t")
+	cfg := baseConfig(testenv.Unique("lockwait-"), withStatementTimeout(t, url, "500ms"), auditSchemaFor(t, db), s+".t")
 	// Released once the Start waits for it (pg_locks shows the wait), or
 	// when the test ends; the goroutine alone ends the holder.
 	watch, stopWatch := context.WithCancel(ctx)

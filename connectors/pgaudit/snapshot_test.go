@@ -328,14 +328,7 @@ func TestInitialSnapshotStatementTimeout(t *testing.T) {
 	mustExec(t, db, `ALTER TABLE `+table+` ALTER v SET STORAGE EXTERNAL`)
 	mustExec(t, db, `INSERT INTO `+table+` SELECT g, repeat('x', 10000) FROM generate_series(1, 10) g`)
 	defer holdToastIndex(t, db, table)()
-	u, err := neturl.Parse(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set("options", "-c statement_timeout=1s")
-	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
-	cfg := baseConfig(testenv.Unique("snapto-"), u.String(), auditSchemaFor(t, db), s+".t")
+	cfg := baseConfig(testenv.Unique("snapto-"), withStatementTimeout(t, url, "1s"), auditSchemaFor(t, db), s+".t")
 	cfg[KeySnapshotMode] = snapshotInitial
 	r, err := tryStart(t, cfg, connect.NewMemoryLedger())
 	if err == nil {
