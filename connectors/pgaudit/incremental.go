@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,7 +84,7 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.relid
 LEFT JOIN pg_catalog.pg_namespace ns ON ns.oid OPERATOR(pg_catalog.=) c.relnamespace
 WHERE EXISTS (SELECT 1 FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS x(s, n)
               WHERE p.filed_schema OPERATOR(pg_catalog.=) x.s AND p.filed_table OPERATOR(pg_catalog.=) x.n)
-ORDER BY p.relid OPERATOR(pg_catalog.=) $3::pg_catalog.oid, p.filed_schema, p.filed_table, p.relid
+ORDER BY pg_catalog.array_position($3::pg_catalog.oid[], p.relid) NULLS FIRST, p.filed_schema, p.filed_table, p.relid
 LIMIT 1 FOR UPDATE OF p`, schemas, names, t.chunkSkip).Scan(&relid, &filedSchema, &filedTable, &filenode, &next, &end, &leafSchema, &leafTable, &relkind)
 	if errors.Is(err, pgx.ErrNoRows) {
 		t.snapshotPending = false
@@ -95,13 +96,16 @@ LIMIT 1 FOR UPDATE OF p`, schemas, names, t.chunkSkip).Scan(&relid, &filedSchema
 	}
 	// A relation whose chunk gave way goes last next time: a row lock held
 	// for long (a session idle in its transaction) holds back only its own
-	// table's copy, not those of the task's other tables.
+	// table's copy, not those of the task's other tables. Those that gave
+	// way take turns, the longest ago first (one transaction can hold rows
+	// of several tables).
 	defer func() {
-		switch {
-		case err != nil && copyAgain(err):
-			t.chunkSkip = relid
-		case err == nil && relid == t.chunkSkip:
-			t.chunkSkip = 0
+		gaveWay := err != nil && copyAgain(err)
+		if err == nil || gaveWay {
+			t.chunkSkip = slices.DeleteFunc(t.chunkSkip, func(r uint32) bool { return r == relid })
+		}
+		if gaveWay {
+			t.chunkSkip = append(t.chunkSkip, relid)
 		}
 	}()
 	filed := tableName{filedSchema, filedTable}
@@ -153,11 +157,14 @@ ON CONFLICT (relid) DO UPDATE SET filenode = NULL, next_block = 0, end_block = N
 	// TABLE looks the name up again once it has the lock, so a swap it
 	// waited for (the table renamed, another made under its name) left it
 	// holding the other table, whose rows no trigger captures.
+	// The sizes of the heap and its TOAST table, not pg_table_size: that
+	// opens the TOAST index too, and would wait for a REINDEX of it under
+	// the role's statement_timeout, outside the copy.
 	var currentNode uint32
 	var currentBlocks, tableBytes int64
 	var captured, same bool
 	if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_relation_filenode($1::pg_catalog.oid), pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog./) pg_catalog.current_setting('block_size')::pg_catalog.int8,
-       pg_catalog.pg_table_size($1::pg_catalog.oid),
+       pg_catalog.pg_relation_size($1::pg_catalog.oid) OPERATOR(pg_catalog.+) COALESCE((SELECT pg_catalog.pg_relation_size(tc.reltoastrelid) FROM pg_catalog.pg_class tc WHERE tc.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid AND tc.reltoastrelid OPERATOR(pg_catalog.<>) 0::pg_catalog.oid), 0),
        COALESCE(pg_catalog.to_regclass($6::pg_catalog.text)::pg_catalog.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid, false),
        EXISTS (SELECT 1 FROM (SELECT $1::pg_catalog.oid AS relid UNION ALL SELECT pg_catalog.pg_partition_ancestors($1::pg_catalog.oid)::pg_catalog.oid) a
                JOIN pg_catalog.pg_trigger tg ON tg.tgrelid OPERATOR(pg_catalog.=) a.relid

@@ -113,8 +113,9 @@ type Task struct {
 	// copies (chunkPagesFor).
 	chunkRelid uint32
 	chunkPages int64
-	// chunkSkip is the relation whose chunk last gave way: tried last.
-	chunkSkip uint32
+	// chunkSkip lists the relations whose chunks gave way, the longest
+	// ago first: tried last, in that order.
+	chunkSkip []uint32
 	// copyNext: the last Poll returned a batch that was not full, so the
 	// next one copies a chunk before it reads.
 	copyNext bool
@@ -1756,8 +1757,8 @@ func (t *Task) chunkStep(ctx context.Context, interval time.Duration) (copied, a
 			KeySnapshotMode, snapshotIncremental, err, KeySnapshotMode, snapshotNever)
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout") {
-		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; a chunk's copy (%d pages, with their out-of-line values) took longer than the role's statement_timeout: raise it for the connector's role (ALTER ROLE ... SET statement_timeout), or set %s=%s",
-			KeySnapshotMode, snapshotIncremental, err, snapshotChunkPages, KeySnapshotMode, snapshotNever)
+		return false, false, fmt.Errorf("incremental snapshot (%s=%s): %w; a chunk's copy (its pages' rows, with their out-of-line values) took longer than the role's statement_timeout: raise it for the connector's role (ALTER ROLE ... SET statement_timeout), or set %s=%s",
+			KeySnapshotMode, snapshotIncremental, err, KeySnapshotMode, snapshotNever)
 	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
 		// A partition of another owner (validation checks those of a

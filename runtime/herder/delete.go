@@ -232,6 +232,11 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 			wait = sinkGroupMemberWait // members left are its own gone consumers
 		}
 		if err := h.dropSinkGroupOnceEmpty(ctx, SinkGroup(name), wait); err != nil {
+			if ctx.Err() != nil {
+				// Cut short (a shutdown), not given up: the intent stays,
+				// and the next start deletes the group.
+				return fmt.Errorf("deleting the sink consumer group %s: %w", SinkGroup(name), errors.Join(err, ctx.Err()))
+			}
 			h.logger(c).Warn("could not delete the sink consumer group; delete it by hand if it matters", "group", SinkGroup(name), "error", err)
 		}
 	}
