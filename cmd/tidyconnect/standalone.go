@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/connectors/amqpsink"
@@ -258,7 +257,7 @@ func runStandalone(ctx context.Context, args []string, stdout, stderr io.Writer,
 
 	h, err := herder.NewStandalone(ctx,
 		herder.WithStore(st), herder.WithPlugins(reg), herder.WithLogger(log),
-		herder.WithKafkaAdmin(kadm.NewClient(cl)), herder.WithKafkaClusterID(clusterID), herder.WithWorkerID(id),
+		herder.WithKafkaClient(cl), herder.WithKafkaClusterID(clusterID), herder.WithWorkerID(id),
 		herder.WithHookedWorker(func(hk herder.WorkerHooks) (herder.Worker, error) {
 			return worker.New(
 				worker.WithID(id), worker.WithPlugins(reg), worker.WithOffsetStore(st),

@@ -8,6 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/store"
 	"github.com/tidyconnect/tidyconnect/runtime/worker"
@@ -266,17 +269,31 @@ func (h *Standalone) forget(ctx context.Context, c *conn) error {
 // behind that rebalance, goes after it (about 15 s after the stop in the
 // integration suite). Right after a crash that is the common case, and
 // deleting nothing then left the committed offsets to a sink created later
-// under the name.
+// under the name. With a Kafka client (WithKafkaClient) the deletion
+// removes such members first, and waits only if they come back.
 const sinkGroupMemberWait = 25 * time.Second
 
 // dropSinkGroupOnceEmpty is dropSinkGroup, waiting (at most wait) while
 // the group still has members: a sink's own tasks have stopped, so they are
-// gone consumers waiting out their session.
+// gone consumers waiting out their session, and are removed from the group
+// once (removeGroupMembers) before any wait.
 func (h *Standalone) dropSinkGroupOnceEmpty(ctx context.Context, group string, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
+	removed := false
 	for {
 		err := h.dropSinkGroup(ctx, group)
-		if !errors.Is(err, errGroupHasMembers) || !time.Now().Before(deadline) {
+		if !errors.Is(err, errGroupHasMembers) || wait <= 0 {
+			return err
+		}
+		if !removed && h.kafka != nil {
+			removed = true
+			if rerr := h.removeGroupMembers(ctx, group); rerr == nil {
+				continue
+			} else {
+				err = fmt.Errorf("%w; removing its members: %w", err, rerr)
+			}
+		}
+		if !time.Now().Before(deadline) {
 			return err
 		}
 		t := time.NewTimer(500 * time.Millisecond)
@@ -287,6 +304,44 @@ func (h *Standalone) dropSinkGroupOnceEmpty(ctx context.Context, group string, w
 		case <-t.C:
 		}
 	}
+}
+
+// removeGroupMembers removes every member of group with LeaveGroup by
+// member id (version 3 and later, as an administrator removes a member):
+// called only once the group's connector is stopped, when its members are
+// consumers that are gone but whose sessions have not timed out yet. A
+// member already gone counts as removed.
+func (h *Standalone) removeGroupMembers(ctx context.Context, group string) error {
+	described, err := h.adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return fmt.Errorf("describing it: %w", err)
+	}
+	d, ok := described[group]
+	if !ok || len(d.Members) == 0 {
+		return nil
+	}
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = group
+	for _, m := range d.Members {
+		member := kmsg.NewLeaveGroupRequestMember()
+		member.MemberID = m.MemberID
+		reason := "its connector was deleted"
+		member.Reason = &reason
+		req.Members = append(req.Members, member)
+	}
+	resp, err := req.RequestWith(ctx, h.kafka)
+	if err != nil {
+		return err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return err
+	}
+	for _, m := range resp.Members {
+		if err := kerr.ErrorForCode(m.ErrorCode); err != nil && !errors.Is(err, kerr.UnknownMemberID) {
+			return fmt.Errorf("member %s: %w", m.MemberID, err)
+		}
+	}
+	return nil
 }
 
 func (h *Standalone) putPhase(ctx context.Context, c *conn, in *store.DeletionIntent) {

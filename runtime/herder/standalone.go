@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
 	"github.com/tidyconnect/tidyconnect/runtime/plugins"
@@ -95,6 +96,13 @@ func WithHookedWorker(f NewHookedWorkerFunc) Option { return func(h *Standalone)
 // group connect-<name>). Without it sink offsets cannot be read or changed.
 func WithKafkaAdmin(adm *kadm.Client) Option { return func(h *Standalone) { h.adm = adm } }
 
+// WithKafkaClient is WithKafkaAdmin on cl, and lets a sink's deletion
+// remove the members its stopped tasks left in its consumer group
+// (removeGroupMembers) rather than wait for their sessions to time out.
+func WithKafkaClient(cl *kgo.Client) Option {
+	return func(h *Standalone) { h.adm, h.kafka = kadm.NewClient(cl), cl }
+}
+
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(h *Standalone) { h.log = l } }
 
@@ -163,6 +171,7 @@ type Standalone struct {
 	newWorker NewHookedWorkerFunc
 	w         Worker
 	adm       *kadm.Client
+	kafka     *kgo.Client // nil: leftover group members are waited out
 	log       *slog.Logger
 	clusterID string
 	workerID  string
