@@ -1,8 +1,11 @@
 package pgaudit
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -23,29 +26,38 @@ func TestIncrementalSnapshotRowMovedToAnotherPartition(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "t_low")+` PARTITION OF `+table+` FOR VALUES FROM (MINVALUE) TO (5000)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "t_high")+` PARTITION OF `+table+` FOR VALUES FROM (5000) TO (MAXVALUE)`)
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "t_low")+` ALTER COLUMN b SET STORAGE EXTERNAL`)
-	// As in TestIncrementalSnapshotNoWriterDeadlock: rows whose images
-	// take a while to make (1 MB out of line each), then row 1000, which
-	// the chunk reaches a few hundred ms after it began.
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0, repeat('x', 1000000) FROM generate_series(1, 150) g`)
+	// Rows with out-of-line values first, then row 1000 on the same page:
+	// the chunk stalls making the first image while their TOAST index is
+	// held (holdToastIndex), and reaches row 1000 only once it is released.
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0, repeat('x', 10000) FROM generate_series(1, 5) g`)
 	mustExec(t, db, `INSERT INTO `+table+` VALUES (1000, 0, 'x')`)
 	cfg := baseConfig(testenv.Unique("incr-moved-"), url, auditSchemaFor(t, db), s+".t")
 	cfg[KeySnapshotMode] = snapshotIncremental
 	r := startConnector(t, cfg, connect.NewMemoryLedger())
 	t.Cleanup(func() { _ = r.stop(true) })
 
+	release := holdToastIndex(t, db, qualified(s, "t_low"))
+	defer release()
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.tasks[0].copyChunk(ctx)
 		done <- err
 	}()
-	// The chunk's statement is under way (its snapshot taken).
+	// The chunk's statement is under way (its snapshot taken), waiting for
+	// the TOAST index.
 	await(t, 10*time.Second, func() (bool, string, error) {
-		var running bool
-		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE starts_with(application_name, $1) AND state = 'active' AND query LIKE '%FOR SHARE OF c NOWAIT%')`, ApplicationNamePrefix(r.name)).Scan(&running)
-		return running, "the chunk's copy never started", err
+		var waiting bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE starts_with(application_name, $1) AND wait_event_type = 'Lock' AND query LIKE '%FOR SHARE OF c NOWAIT%')`, ApplicationNamePrefix(r.name)).Scan(&waiting)
+		return waiting, "the chunk's copy never waited for the TOAST index", err
 	})
 	mustExec(t, db, `UPDATE `+table+` SET id = 6000 WHERE id = 1000`)
-	if err := <-done; err != nil && !copyAgain(err) {
+	release()
+	err := <-done
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+		t.Fatalf("copyChunk with a row moved to another partition meanwhile: %v; want the serialization failure (40001) that says so", err)
+	}
+	if !copyAgain(err) {
 		t.Fatalf("copyChunk with a row moved to another partition meanwhile: %v; want it to give way", err)
 	}
 }
