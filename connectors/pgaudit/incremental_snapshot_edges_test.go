@@ -26,11 +26,12 @@ func TestIncrementalSnapshotNoWriterDeadlock(t *testing.T) {
 	table := qualified(s, "t")
 	mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY, n int NOT NULL, b text)`)
 	mustExec(t, db, `ALTER TABLE `+table+` ALTER COLUMN b SET STORAGE EXTERNAL`)
-	// Row 1 first on page 0, then rows whose images take a while to make
-	// (1 MB out of line each), then row 1000: the chunk locks row 1 early
-	// and reaches row 1000 a few hundred ms later.
+	// Row 1 first on page 0, then rows with out-of-line values, then row
+	// 1000: the chunk locks row 1, then stalls making the next image while
+	// their TOAST index is held (holdToastIndex), and reaches row 1000 only
+	// once it is released.
 	mustExec(t, db, `INSERT INTO `+table+` VALUES (1, 0, 'x')`)
-	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0, repeat('x', 1000000) FROM generate_series(2, 150) g`)
+	mustExec(t, db, `INSERT INTO `+table+` SELECT g, 0, repeat('x', 10000) FROM generate_series(2, 6) g`)
 	mustExec(t, db, `INSERT INTO `+table+` VALUES (1000, 0, 'x')`)
 	cfg := baseConfig(testenv.Unique("incr-dl-"), url, auditSchemaFor(t, db), s+".t")
 	cfg[KeySnapshotMode] = snapshotIncremental
@@ -38,14 +39,35 @@ func TestIncrementalSnapshotNoWriterDeadlock(t *testing.T) {
 	t.Cleanup(func() { _ = r.stop(true) })
 
 	writer := lockingWriter(t, db, `UPDATE `+table+` SET n = 1 WHERE id = 1000`)
+	var writerPID int
+	if err := writer.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&writerPID); err != nil {
+		t.Fatal(err)
+	}
+	release := holdToastIndex(t, db, table)
+	defer release()
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.tasks[0].copyChunk(ctx)
 		done <- err
 	}()
-	// The chunk is under way (row 1 locked); the writer now wants row 1.
-	time.Sleep(100 * time.Millisecond)
-	_, werr := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 1`)
+	waiting := func(what, cond string, args ...any) {
+		await(t, 10*time.Second, func() (bool, string, error) {
+			var ok bool
+			err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND `+cond+`)`, args...).Scan(&ok)
+			return ok, what, err
+		})
+	}
+	// The chunk holds row 1 and waits for the TOAST index; the writer now
+	// wants row 1, and waits for the chunk.
+	waiting("the chunk never waited for the TOAST index", `starts_with(application_name, $1) AND query LIKE '%FOR SHARE OF c%'`, ApplicationNamePrefix(r.name))
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := writer.Exec(ctx, `UPDATE `+table+` SET n = 1 WHERE id = 1`)
+		wrote <- err
+	}()
+	waiting("the writer never waited for row 1", `pid = $1`, writerPID)
+	release()
+	werr := <-wrote
 	cerr := <-done
 	t.Logf("writer: %v; chunk: %v", werr, cerr)
 	var pgErr *pgconn.PgError
