@@ -25,7 +25,7 @@ const (
 	KindSchema   = "postgres.schema"
 )
 
-var dropOrder = []string{KindTrigger, KindFunction, KindSequence, KindTable, KindSchema}
+var dropOrder = []string{KindReplicationSlot, KindPublication, KindTrigger, KindFunction, KindSequence, KindTable, KindSchema}
 
 // Connector provisions and drops the shared objects and splits the tables
 // over tasks. It holds no connection while running.
@@ -75,11 +75,20 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 	if err := configError(errs); err != nil {
 		return err
 	}
+	if err := methodChange(ctx, s, h.Ledger); err != nil {
+		return err
+	}
 	conn, err := connectDB(ctx, s.url, ApplicationName(s.name, "connector"))
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if s.logical {
+		if err := checkServerVersion(ctx, conn); err != nil {
+			return err
+		}
+		return provisionLogical(ctx, conn, s, h)
+	}
 	if err := provision(ctx, conn, s, h); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_timeout; provision rolled back
@@ -120,6 +129,9 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 	}
 	if s.tasksMax > 0 && s.tasksMax < maxTasks {
 		maxTasks = s.tasksMax
+	}
+	if s.logical {
+		return []connect.Config{logicalTaskConfig(s)}, nil
 	}
 	n := min(maxTasks, len(s.tables))
 	groups := make([][]tableName, n)
@@ -193,7 +205,11 @@ func (c *Connector) Stopped(ctx context.Context) error {
 		// The objects are handed over to the database's users: nobody owns
 		// them any more, so they leave the ledger.
 		for _, r := range rs {
-			h.Logger.Info("cleanup.on.delete=false: keeping object", "resource", r.String())
+			if r.Kind == KindReplicationSlot {
+				h.Logger.Warn("cleanup.on.delete=false: keeping the replication slot, which keeps every WAL segment from now on until it is dropped: SELECT pg_drop_replication_slot('"+r.Name+"') once nobody reads it", "resource", r.String())
+			} else {
+				h.Logger.Info("cleanup.on.delete=false: keeping object", "resource", r.String())
+			}
 			if err := h.Ledger.Release(ctx, r); err != nil {
 				return fmt.Errorf("releasing %v from the ledger: %w", r, err)
 			}
@@ -208,6 +224,23 @@ func (c *Connector) Stopped(ctx context.Context) error {
 		return fmt.Errorf("deletion incomplete, still owned: %s: %w", describe(rs), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	var logical []connect.Resource
+	rs = slices.DeleteFunc(rs, func(r connect.Resource) bool {
+		if isLogicalKind(r.Kind) {
+			logical = append(logical, r)
+			return true
+		}
+		return false
+	})
+	if len(logical) > 0 {
+		if err := dropLogical(ctx, conn, s, h, logical); err != nil {
+			left, _ := ownedResources(context.WithoutCancel(ctx), h.Ledger)
+			return fmt.Errorf("deletion incomplete, still owned: %s: %w", describe(left), err)
+		}
+	}
+	if len(rs) == 0 {
+		return nil
+	}
 	if err := dropOwned(ctx, conn, s.name, h, rs); err != nil {
 		left, _ := ownedResources(context.WithoutCancel(ctx), h.Ledger)
 		return fmt.Errorf("deletion incomplete, still owned: %s: %w", describe(left), err)
@@ -546,6 +579,15 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 		errs[KeyURL] = append(errs[KeyURL], err.Error())
 		return errs
 	}
+	if s.logical {
+		lp, err := checkLogical(ctx, conn)
+		if err != nil {
+			errs[KeyURL] = append(errs[KeyURL], err.Error())
+		}
+		for k, v := range lp {
+			errs[k] = append(errs[k], v...)
+		}
+	}
 	if len(s.tables) > 0 {
 		problems, _, err := checkTables(ctx, conn, s)
 		if err != nil {
@@ -565,12 +607,14 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 			errs[KeyColumnExcludeList] = append(errs[KeyColumnExcludeList], exProblems...)
 		}
 	}
-	if p, err := checkAuditSchema(ctx, conn, s); err != nil {
+	if s.logical {
+		// No audit objects.
+	} else if p, err := checkAuditSchema(ctx, conn, s); err != nil {
 		errs[KeyURL] = append(errs[KeyURL], err.Error())
 	} else if p != "" {
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
 	}
-	if s.name != "" && len(s.tables) > 0 && len(errs[KeyAuditSchema]) == 0 {
+	if !s.logical && s.name != "" && len(s.tables) > 0 && len(errs[KeyAuditSchema]) == 0 {
 		// A PUT of a changed config answers 400 instead of failing later.
 		if p, err := checkAuditSchemaMove(ctx, conn, s, objectNames(s.name)); err != nil {
 			errs[KeyURL] = append(errs[KeyURL], err.Error())

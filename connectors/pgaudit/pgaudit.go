@@ -45,6 +45,9 @@ const (
 	KeyColumnExcludeList = "column.exclude.list"
 	// KeyWakeupNotify: whether writers wake waiting tasks with a NOTIFY.
 	KeyWakeupNotify = "wakeup.notify"
+	// KeyCaptureMethod: triggers and an audit table, or logical decoding
+	// through a publication and a replication slot (docs/decisions/0074).
+	KeyCaptureMethod = "capture.method"
 
 	// keyTaskTables is set by TaskConfigs: the tables of one task, quoted.
 	keyTaskTables = "task.tables"
@@ -126,6 +129,9 @@ func ConfigDef() connect.ConfigDef {
 			Validate: func(v string) error { _, err := parseExcludedColumns(v); return err }},
 		{Name: KeyWakeupNotify, Type: connect.TypeBoolean, Default: "true", Importance: connect.ImportanceLow, Group: "Capture", Order: 15,
 			DisplayName: "Wake-ups by NOTIFY", Doc: "true: a task that has drained the audit table asks writers for a NOTIFY, so it reads a change milliseconds after its COMMIT. false: tasks only poll, every poll.interval.ms, and no writer ever sends a NOTIFY; needed where writers of the captured tables use two-phase commit (PREPARE TRANSACTION fails in a transaction that sent a NOTIFY). Lower poll.interval.ms for latency."},
+		{Name: KeyCaptureMethod, Type: connect.TypeString, Default: methodTrigger, Importance: connect.ImportanceHigh, Group: "Capture", Order: 16,
+			DisplayName: "Capture method", Doc: "trigger (the default): capture triggers write each change into the connector's audit table, which its tasks read and empty; writers pay for the audit row in their transaction. logical: PostgreSQL's logical decoding (the pgoutput plugin) through a publication and a replication slot the connector creates and owns; writers pay nothing beyond the WAL, one task reads every table, and the server needs wal_level=logical and a role with REPLICATION. The slot keeps WAL from being removed while the connector is paused or stopped. Not with capture.order, capture.level, snapshot.mode other than never, wakeup.notify or audit.schema. See docs/pgaudit.md, Logical decoding.",
+			Validate: oneOf(methodTrigger, methodLogical)},
 	}
 }
 
@@ -186,6 +192,9 @@ type settings struct {
 	// notify: wakeup.notify, tasks LISTEN and ask writers for NOTIFYs
 	// when idle (docs/decisions/0072).
 	notify bool
+	// logical: capture.method = logical, a publication and a replication
+	// slot instead of triggers and an audit table (docs/decisions/0074).
+	logical bool
 }
 
 // capture.order and capture.level values.
@@ -194,6 +203,9 @@ const (
 	orderStatement = "statement"
 	levelStatement = "statement"
 	levelRow       = "row"
+
+	methodTrigger = "trigger"
+	methodLogical = "logical"
 
 	snapshotNever       = "never"
 	snapshotInitial     = "initial"
@@ -205,6 +217,7 @@ const (
 func parseSettings(name string, cfg connect.Config) (settings, map[string][]string) {
 	def := ConfigDef()
 	errs := def.Validate(cfg)
+	raw := cfg
 	cfg = def.WithDefaults(cfg)
 	s := settings{name: name, url: cfg[KeyURL], topicPrefix: cfg[KeyTopicPrefix], auditSchema: cfg[KeyAuditSchema]}
 	if name == "" {
@@ -238,6 +251,21 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 				continue
 			}
 			byTopic[clash] = t
+		}
+	}
+	if v, ok := cfg[KeyCaptureMethod]; ok && strings.TrimSpace(v) == "" {
+		errs[KeyCaptureMethod] = append(errs[KeyCaptureMethod], fmt.Sprintf("must not be blank (leave the key out for the default, %s)", methodTrigger))
+	}
+	s.logical = cfg[KeyCaptureMethod] == methodLogical
+	if s.logical {
+		// Keys of the trigger method: set, they would be silently ignored.
+		for _, k := range []string{KeyCaptureOrder, KeyCaptureLevel, KeyWakeupNotify, KeyAuditSchema} {
+			if _, set := raw[k]; set {
+				errs[k] = append(errs[k], fmt.Sprintf("applies to %s=%s only: remove it (logical decoding sends every table's changes in commit order, from one task, with no audit objects)", KeyCaptureMethod, methodTrigger))
+			}
+		}
+		if v := cfg[KeySnapshotMode]; v != snapshotNever && v != "" {
+			errs[KeySnapshotMode] = append(errs[KeySnapshotMode], fmt.Sprintf("%s=%s sends only the changes made after the connector's replication slot was created: remove %s or use %s=%s", KeyCaptureMethod, methodLogical, KeySnapshotMode, KeyCaptureMethod, methodTrigger))
 		}
 	}
 	s.commitOrder = cfg[KeyCaptureOrder] == orderCommit

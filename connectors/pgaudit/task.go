@@ -122,6 +122,10 @@ type Task struct {
 	// marksClearedAt is when a task without wake-ups (wakeup.notify=false)
 	// last made sure that no wake-up mark is set (marksRecheck).
 	marksClearedAt time.Time
+
+	// lg is set under capture.method=logical, which uses only pool, db,
+	// meta and metaAt of the above.
+	lg *logicalState
 }
 
 var _ connect.SourceTask = (*Task)(nil)
@@ -197,6 +201,9 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	}
 	t.s, t.n = s, objectNames(s.name)
 	t.tables = s.tables
+	if s.logical {
+		return t.startLogical(ctx, s)
+	}
 	if v := cfg[keyTaskTables]; v != "" {
 		ts, err := parseTables(v)
 		if err != nil {
@@ -429,6 +436,9 @@ func (t *Task) listen(ctx context.Context) error {
 // Poll returns the next batch of changes, waiting for a NOTIFY wake-up or
 // the poll interval when there is none.
 func (t *Task) Poll(ctx context.Context) ([]connect.SourceRecord, error) {
+	if t.lg != nil {
+		return t.logicalPoll(ctx)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(t.stopContext(), cancel)
@@ -1310,6 +1320,10 @@ func (t *Task) Commit(ctx context.Context, acked []connect.SourceRecord) error {
 	if len(acked) == 0 {
 		return nil
 	}
+	if t.lg != nil {
+		t.logicalCommit(acked)
+		return nil
+	}
 	// The runtime's Commit context is not cancelled by Stop (records Kafka
 	// holds are to be confirmed) and outlasts its graceful timeout: a DELETE
 	// waiting for the database (row locks, a server that stopped answering)
@@ -1469,6 +1483,10 @@ func (t *Task) Stop(bool) {
 func (t *Task) Stopped(ctx context.Context) error {
 	t.closeOnce.Do(func() {
 		t.Stop(false)
+		if t.lg != nil {
+			t.logicalStopped(ctx)
+			return
+		}
 		t.cancelUnmark()
 		if t.listener != nil {
 			_ = t.listener.Close(ctx)

@@ -58,7 +58,7 @@ func PostgresURL(t testing.TB) string {
 			tcpostgres.WithDatabase("test"), tcpostgres.WithUsername("postgres"),
 			tcpostgres.WithPassword("postgres"), tcpostgres.BasicWaitStrategies(),
 			// pgaudit's two-phase commit test prepares transactions.
-			testcontainers.WithCmdArgs("-c", "max_prepared_transactions=16"))
+			testcontainers.WithCmdArgs("-c", "max_prepared_transactions=16", "-c", "wal_level=logical"))
 		if err != nil {
 			pgErr = err
 			return

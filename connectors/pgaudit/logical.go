@@ -1,0 +1,327 @@
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// Ledger kinds of capture.method=logical (docs/decisions/0074). The slot
+// goes first on deletion: it holds WAL back, the publication does not.
+const (
+	KindReplicationSlot = "postgres.replication_slot"
+	KindPublication     = "postgres.publication"
+)
+
+// logicalNames are the publication's and the slot's names. Slot names
+// allow only lower-case letters, digits and '_', which the base is made
+// of; the base's hash keeps them apart for names that differ only in
+// what sanitizing replaced or cut.
+func logicalNames(connector string) (publication, slot string) {
+	n := objectNames(connector)
+	return "tidyconnect_" + n.base, "tidyconnect_" + n.base
+}
+
+func publicationRes(db, name string) connect.Resource {
+	return connect.Resource{Kind: KindPublication, Name: name, Location: db}
+}
+
+func slotRes(db, name string) connect.Resource {
+	return connect.Resource{Kind: KindReplicationSlot, Name: name, Location: db}
+}
+
+func isLogicalKind(kind string) bool { return kind == KindPublication || kind == KindReplicationSlot }
+
+// checkLogical reports, by key, what keeps the server or the role from
+// logical decoding.
+func checkLogical(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (map[string][]string, error) {
+	var walLevel, user string
+	var replication, createDB bool
+	var freeSlots int
+	err := q.QueryRow(ctx, `
+SELECT pg_catalog.current_setting('wal_level'), current_user::text,
+       coalesce((SELECT r.rolreplication OR r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false),
+       has_database_privilege(current_database(), 'CREATE'),
+       pg_catalog.current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_catalog.pg_replication_slots)::int`).
+		Scan(&walLevel, &user, &replication, &createDB, &freeSlots)
+	if err != nil {
+		return nil, fmt.Errorf("reading wal_level and the role's attributes: %w", err)
+	}
+	problems := map[string][]string{}
+	if walLevel != "logical" {
+		problems[KeyCaptureMethod] = append(problems[KeyCaptureMethod], fmt.Sprintf("the server runs with wal_level=%s, and logical decoding needs wal_level=logical: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL, or use %s=%s", walLevel, KeyCaptureMethod, methodTrigger))
+	}
+	if !replication {
+		problems[KeyURL] = append(problems[KeyURL], fmt.Sprintf("role %q has neither REPLICATION nor SUPERUSER, which reading a replication slot needs: ALTER ROLE %s REPLICATION, or connect as another role", user, pgx.Identifier{user}.Sanitize()))
+	}
+	if !createDB {
+		problems[KeyURL] = append(problems[KeyURL], fmt.Sprintf("role %q lacks CREATE on the database, which CREATE PUBLICATION needs: GRANT CREATE ON DATABASE ... TO %s", user, pgx.Identifier{user}.Sanitize()))
+	}
+	if freeSlots < 1 {
+		problems[KeyCaptureMethod] = append(problems[KeyCaptureMethod], "every replication slot the server allows is taken (max_replication_slots): raise it (restart) or drop an unused slot")
+	}
+	return problems, nil
+}
+
+// methodChange refuses a configuration whose capture method is not the one
+// the connector's objects were made for.
+func methodChange(ctx context.Context, s settings, l connect.Ledger) error {
+	rs, err := ownedResources(ctx, l)
+	if err != nil {
+		return err
+	}
+	var other []connect.Resource
+	for _, r := range rs {
+		if isLogicalKind(r.Kind) != s.logical {
+			other = append(other, r)
+		}
+	}
+	if len(other) == 0 {
+		return nil
+	}
+	was := methodTrigger
+	if !s.logical {
+		was = methodLogical
+	}
+	return fmt.Errorf("%s cannot change on an existing connector: it owns %s made for %s=%s; delete the connector (which drops them) and create it again", KeyCaptureMethod, describe(other), KeyCaptureMethod, was)
+}
+
+// provisionLogical creates (or adjusts) the connector's publication and
+// creates its replication slot. The ledger lists each before it exists,
+// so that a crash in between leaves nothing unowned.
+func provisionLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host) error {
+	problems, err := checkLogical(ctx, conn)
+	if err != nil {
+		return err
+	}
+	tableProblems, _, err := checkTables(ctx, conn, s)
+	if err != nil {
+		return err
+	}
+	if len(tableProblems) > 0 {
+		problems[KeyTables] = append(problems[KeyTables], tableProblems...)
+	}
+	if len(problems) == 0 {
+		kp, err := checkKeyColumns(ctx, conn, s)
+		if err != nil {
+			return err
+		}
+		xp, err := checkExcludedColumns(ctx, conn, s)
+		if err != nil {
+			return err
+		}
+		if len(kp) > 0 {
+			problems[KeyMessageKeyColumns] = kp
+		}
+		if len(xp) > 0 {
+			problems[KeyColumnExcludeList] = xp
+		}
+	}
+	if err := configError(problems); err != nil {
+		return err
+	}
+	pub, slot := logicalNames(s.name)
+	marker := objectNames(s.name).marker
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := takeLock(ctx, tx); err != nil {
+		return err
+	}
+	var db string
+	var exists bool
+	var comment *string
+	if err := tx.QueryRow(ctx, `
+SELECT current_database()::text, p.oid IS NOT NULL, pg_catalog.obj_description(p.oid, 'pg_publication')
+FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_publication p ON p.pubname = $1`, pub).Scan(&db, &exists, &comment); err != nil {
+		return fmt.Errorf("looking up publication %s: %w", pub, err)
+	}
+	if exists && !isMarked(comment, marker) {
+		return fmt.Errorf("publication %s exists and is not this connector's (its comment is not %q): drop or rename it, or give the connector another name", pgx.Identifier{pub}.Sanitize(), marker)
+	}
+	if err := h.Ledger.Own(ctx, publicationRes(db, pub)); err != nil {
+		return fmt.Errorf("recording publication %s in the resource ledger: %w", pub, err)
+	}
+	list := make([]string, len(s.tables))
+	for i, t := range s.tables {
+		list[i] = t.quoted()
+	}
+	qpub := pgx.Identifier{pub}.Sanitize()
+	// Partitions' changes are published as their root's: the configured
+	// table, whichever partition a row is in.
+	const with = ` WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)`
+	script := `CREATE PUBLICATION ` + qpub + ` FOR TABLE ` + strings.Join(list, ", ") + with + `;
+COMMENT ON PUBLICATION ` + qpub + ` IS ` + quoteLiteral(marker)
+	if exists {
+		script = `ALTER PUBLICATION ` + qpub + ` SET TABLE ` + strings.Join(list, ", ") + `;
+ALTER PUBLICATION ` + qpub + ` SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)`
+	}
+	if _, err := tx.Exec(ctx, script); err != nil {
+		return fmt.Errorf("provisioning publication %s: %w", pub, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("provisioning publication %s: %w", pub, err)
+	}
+
+	var plugin, slotDB *string
+	var slotExists bool
+	if err := conn.QueryRow(ctx, `
+SELECT s.slot_name IS NOT NULL, s.plugin::text, s.database::text
+FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = $1`, slot).Scan(&slotExists, &plugin, &slotDB); err != nil {
+		return fmt.Errorf("looking up replication slot %s: %w", slot, err)
+	}
+	owned, err := ownedResources(ctx, h.Ledger)
+	if err != nil {
+		return err
+	}
+	if slotExists {
+		if !slices.ContainsFunc(owned, func(r connect.Resource) bool { return r.Kind == KindReplicationSlot && r.Name == slot }) {
+			return fmt.Errorf("replication slot %s exists but this connector did not create it: drop it (SELECT pg_drop_replication_slot('%s')) or give the connector another name", slot, slot)
+		}
+		if plugin == nil || *plugin != "pgoutput" || slotDB == nil || *slotDB != db {
+			return fmt.Errorf("replication slot %s is not a pgoutput slot of database %q: drop it (SELECT pg_drop_replication_slot('%s')) and restart the connector", slot, db, slot)
+		}
+		return nil
+	}
+	if err := h.Ledger.Own(ctx, slotRes(db, slot)); err != nil {
+		return fmt.Errorf("recording replication slot %s in the resource ledger: %w", slot, err)
+	}
+	// The slot's consistent point waits for the transactions running now
+	// to end (prepared ones too): changes from then on are captured.
+	if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		return fmt.Errorf("creating replication slot %s (it waits for the transactions running at that moment to end, prepared ones included): %w", slot, err)
+	}
+	h.Logger.Info("created replication slot; it keeps WAL from being removed until the connector has delivered the changes, also while the connector is paused or stopped", "slot", slot, "publication", pub)
+	return nil
+}
+
+// slotReleaseWait bounds how long a deletion waits for the slot's last
+// reader to go (a task's walsender ends shortly after its connection).
+var slotReleaseWait = 10 * time.Second
+
+// dropLogical drops the listed slot and publication: the slot whatever
+// holds it, if that is one of this connector's connections, and the
+// publication only while it carries the connector's marker.
+func dropLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host, rs []connect.Resource) error {
+	marker := objectNames(s.name).marker
+	prefix := ApplicationNamePrefix(s.name)
+	slices.SortStableFunc(rs, func(a, b connect.Resource) int {
+		return slices.Index(dropOrder, a.Kind) - slices.Index(dropOrder, b.Kind)
+	})
+	var db string
+	if err := conn.QueryRow(ctx, `SELECT current_database()::text`).Scan(&db); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.Location != db {
+			return fmt.Errorf("%v lives in database %q but %s connects to %q: point %s at %q and delete again", r, r.Location, KeyURL, db, KeyURL, r.Location)
+		}
+		switch r.Kind {
+		case KindReplicationSlot:
+			if err := dropSlot(ctx, conn, r.Name, prefix); err != nil {
+				return err
+			}
+		case KindPublication:
+			var comment *string
+			err := conn.QueryRow(ctx, `SELECT pg_catalog.obj_description(p.oid, 'pg_publication') FROM pg_catalog.pg_publication p WHERE p.pubname = $1`, r.Name).Scan(&comment)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return fmt.Errorf("looking up publication %s: %w", r.Name, err)
+			case !isMarked(comment, marker):
+				h.Logger.Warn("publication no longer carries this connector's marker; leaving it", "publication", r.Name)
+			default:
+				if _, err := conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.Name}.Sanitize()); err != nil {
+					return fmt.Errorf("dropping publication %s: %w", r.Name, err)
+				}
+			}
+		}
+		if err := h.Ledger.Release(ctx, r); err != nil {
+			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
+		}
+		h.Logger.Info("dropped", "resource", r.String())
+	}
+	return nil
+}
+
+// dropSlot drops a replication slot. One held by a connection of this
+// connector (a task instance the worker abandoned) is freed by ending that
+// connection; one held by anybody else is waited for, up to
+// slotReleaseWait.
+func dropSlot(ctx context.Context, conn *pgx.Conn, slot, appPrefix string) error {
+	deadline := time.Now().Add(slotReleaseWait)
+	for {
+		var pid *int32
+		var app *string
+		err := conn.QueryRow(ctx, `
+SELECT s.active_pid, a.application_name::text
+FROM pg_catalog.pg_replication_slots s LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid
+WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // dropped by hand: nothing left
+		}
+		if err != nil {
+			return fmt.Errorf("looking up replication slot %s: %w", slot, err)
+		}
+		if pid == nil {
+			_, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(s.slot_name) FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1`, slot)
+			var pgErr *pgconn.PgError
+			if err == nil {
+				return nil
+			}
+			if !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use: a reader came meanwhile
+				return fmt.Errorf("dropping replication slot %s: %w", slot, err)
+			}
+		} else if app != nil && strings.HasPrefix(*app, appPrefix) {
+			if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend($1)`, *pid); err != nil {
+				return fmt.Errorf("ending this connector's connection %d that holds replication slot %s: %w", *pid, slot, err)
+			}
+		} else if time.Now().After(deadline) {
+			who := "unknown"
+			if app != nil {
+				who = *app
+			}
+			return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q): stop that client (or SELECT pg_terminate_backend(%d)) and delete again", slot, *pid, who, *pid)
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// logicalTaskConfig is the one task's configuration: logical decoding
+// reads one slot, so one task reads every table.
+func logicalTaskConfig(s settings) connect.Config {
+	tc := connect.Config{
+		"name":             s.name,
+		KeyURL:             s.url,
+		KeyTopicPrefix:     s.topicPrefix,
+		KeyPollMaxRecords:  fmt.Sprint(s.pollMax),
+		KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
+		KeyTables:          formatTables(s.tables),
+		KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
+		KeyCaptureMethod:   methodLogical,
+	}
+	if s.tombstones {
+		tc[KeyTombstonesOnDelete] = "true"
+	}
+	if len(s.keyColumns) > 0 {
+		tc[KeyMessageKeyColumns] = s.keyColumnsRaw
+	}
+	if len(s.excluded) > 0 {
+		tc[KeyColumnExcludeList] = s.excludedRaw
+	}
+	return tc
+}

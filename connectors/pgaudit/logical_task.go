@@ -1,0 +1,904 @@
+package pgaudit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// logicalState is a task's state under capture.method=logical: a reader
+// goroutine streams the slot (pgoutput) into events; Poll turns them into
+// records, rendering the values as the trigger method does (to_json in
+// the task's session), and Commit moves the slot's confirmed position
+// past every transaction whose records Kafka acknowledged.
+type logicalState struct {
+	slot, publication string
+
+	events       chan logicalEvent
+	readerDone   chan struct{}
+	readerErr    error // set before readerDone closes
+	cancelReader context.CancelFunc
+	// conn is the reader's replication connection; Stopped's once
+	// readerDone is closed.
+	conn *pgconn.PgConn
+	// confirmed is how far the slot may advance: every transaction that
+	// committed before it is delivered.
+	confirmed atomic.Uint64
+
+	// Poll's and Commit's (the runtime never runs them at once).
+	pending   []*logicalTx          // in stream order
+	byLSN     map[uint64]*logicalTx // pending, by commit LSN
+	held      []logicalEvent        // taken from events, not turned into records yet
+	typeNames map[uint32]string     // cast target of each column type
+	byOID     map[uint32]tableName  // configured tables by relation OID
+}
+
+// logicalTx is a streamed transaction whose records are not all
+// acknowledged, or a position the stream passed between transactions.
+type logicalTx struct {
+	commitLSN, endLSN uint64
+	remaining         int  // records sent and not acknowledged
+	complete          bool // its COMMIT (or the position) was read
+}
+
+type eventKind int8
+
+const (
+	evChange eventKind = iota
+	evCommit           // a transaction's end
+	evIdle             // the stream passed endLSN between transactions
+)
+
+type logicalEvent struct {
+	kind      eventKind
+	rel       *pglogrepl.RelationMessage
+	op        string
+	old, new  []*pglogrepl.TupleDataColumn // nil: no image
+	xid       uint32
+	commitLSN uint64
+	endLSN    uint64
+	seq       int
+	at        time.Time
+}
+
+// logicalEventBuffer bounds the events the reader runs ahead of Poll.
+const logicalEventBuffer = 4096
+
+// standbyInterval is how often the reader reports its position (the
+// server ends a connection silent for wal_sender_timeout, 60 s by default).
+var standbyInterval = 10 * time.Second
+
+func (t *Task) startLogical(ctx context.Context, s settings) error {
+	pub, slot := logicalNames(s.name)
+	lg := &logicalState{slot: slot, publication: pub, byLSN: map[uint64]*logicalTx{}, typeNames: map[uint32]string{}, byOID: map[uint32]tableName{}}
+	pool, err := newTaskPool(s, t.host.Task)
+	if err != nil {
+		return err
+	}
+	t.pool = pool
+	t.lg = lg // Stopped closes the pool from here on
+	if err := t.pool.QueryRow(ctx, `SELECT current_database()::text`).Scan(&t.db); err != nil {
+		return fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(s.url), KeyURL, err)
+	}
+	var confirmed *string
+	err = t.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, slot).Scan(&confirmed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("replication slot %s does not exist in database %q: the connector creates it when it starts, so restart the connector (changes made while there was no slot are not captured)", slot, t.db)
+	}
+	if err != nil {
+		return fmt.Errorf("reading replication slot %s: %w", slot, err)
+	}
+	if confirmed != nil {
+		lsn, err := pglogrepl.ParseLSN(*confirmed)
+		if err != nil {
+			return fmt.Errorf("replication slot %s: %w", slot, err)
+		}
+		lg.confirmed.Store(uint64(lsn))
+	}
+	t.meta = map[tableName]*tableMeta{}
+	if err := t.loadMeta(ctx, t.tables, false); err != nil {
+		return err
+	}
+	t.metaAt = time.Now()
+	if err := t.resolveOIDs(ctx, t.tables); err != nil {
+		return err
+	}
+	cc, err := replicationConfig(s, t.host.Task)
+	if err != nil {
+		return err
+	}
+	conn, err := startStream(ctx, cc, slot, pub, 0)
+	if err != nil {
+		return err
+	}
+	lg.conn = conn
+	lg.events = make(chan logicalEvent, logicalEventBuffer)
+	lg.readerDone = make(chan struct{})
+	rctx, cancel := context.WithCancel(context.Background())
+	lg.cancelReader = cancel
+	context.AfterFunc(t.stopContext(), cancel)
+	go t.logicalReader(rctx, lg, cc)
+	t.host.Logger.Info("task started", "tables", len(t.tables), "slot", slot, "publication", pub)
+	return nil
+}
+
+// resolveOIDs maps the configured tables' relation OIDs to their names:
+// the stream names relations as they are called when a change is decoded.
+func (t *Task) resolveOIDs(ctx context.Context, tables []tableName) error {
+	list := make([]string, len(tables))
+	for i, tb := range tables {
+		list[i] = tb.quoted()
+	}
+	rows, err := t.pool.Query(ctx, `SELECT x.i, pg_catalog.to_regclass(x.q)::oid::int8 FROM unnest($1::text[]) WITH ORDINALITY AS x(q, i)`, list)
+	if err != nil {
+		return fmt.Errorf("looking up the captured tables: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int64
+		var oid *int64
+		if err := rows.Scan(&i, &oid); err != nil {
+			return err
+		}
+		if oid != nil {
+			t.lg.byOID[uint32(*oid)] = tables[i-1]
+		}
+	}
+	return rows.Err()
+}
+
+// newTaskPool is the task's pool, its sessions set up to render values as
+// JSON the same way whatever the database's or role's defaults.
+func newTaskPool(s settings, task int) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(s.url)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(s.url), KeyURL)
+	}
+	pc.ConnConfig.RuntimeParams["application_name"] = ApplicationName(s.name, fmt.Sprintf("task-%d", task))
+	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO"
+	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('intervalstyle', 'postgres', false),
+       pg_catalog.set_config('bytea_output', 'hex', false),
+       pg_catalog.set_config('extra_float_digits', '1', false)`)
+		return err
+	}
+	pc.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
+		pc.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	pc.MaxConns = 2
+	pc.MinConns = 0
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		return nil, fmt.Errorf("creating the connection pool for %s: %w", connect.MaskCredentials(s.url), err)
+	}
+	return pool, nil
+}
+
+// replicationConfig is the stream's connection: the walsender renders the
+// values in text with these settings, and the task's session reads them
+// back by the same (exact floats, ISO dates, hex bytea, UTF-8).
+func replicationConfig(s settings, task int) (*pgconn.Config, error) {
+	cc, err := pgconn.ParseConfig(s.url)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(s.url), KeyURL)
+	}
+	for k, v := range map[string]string{
+		"replication":        "database",
+		"application_name":   ApplicationName(s.name, fmt.Sprintf("stream-%d", task)),
+		"client_encoding":    "UTF8",
+		"datestyle":          "ISO",
+		"intervalstyle":      "postgres",
+		"extra_float_digits": "3",
+		"bytea_output":       "hex",
+		"timezone":           "UTC",
+	} {
+		cc.RuntimeParams[k] = v
+	}
+	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > 10*time.Second {
+		cc.ConnectTimeout = 10 * time.Second
+	}
+	// An interrupted read must leave the stream usable: a deadline, not a
+	// cancel request.
+	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	return cc, nil
+}
+
+func startStream(ctx context.Context, cc *pgconn.Config, slot, pub string, from uint64) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("opening the replication connection (check %s, and that the role has REPLICATION and pg_hba.conf allows it): %w", KeyURL, err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"},
+	})
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("streaming replication slot %s: %w", slot, err)
+	}
+	return conn, nil
+}
+
+// streamPosition is what the reader sent of the stream: resume is the end
+// of the last transaction sent whole, partial the commit LSN and change
+// count of one sent in part. A reconnection starts at resume (the server
+// skips the transactions that committed before it) and skips what was
+// sent of partial.
+type streamPosition struct {
+	resume      uint64
+	partial     uint64
+	partialSent int
+}
+
+// logicalReader streams until its context ends, reconnecting with backoff
+// (100 ms to 5 s) while the failure is a lost connection or a slot still
+// held by an earlier instance of the task.
+func (t *Task) logicalReader(ctx context.Context, lg *logicalState, cc *pgconn.Config) {
+	defer close(lg.readerDone)
+	var pos streamPosition
+	backoff := 100 * time.Millisecond
+	for {
+		progressed, err := t.stream(ctx, lg, &pos)
+		if ctx.Err() != nil {
+			return
+		}
+		var pgErr *pgconn.PgError
+		retry := transient(err) || (errors.As(err, &pgErr) && pgErr.Code == "55006")
+		if !retry {
+			lg.readerErr = err
+			return
+		}
+		if progressed {
+			backoff = 100 * time.Millisecond
+		}
+		t.host.Logger.Warn("replication stream lost; reconnecting", "error", err, "retry_in", backoff)
+		if lg.conn != nil {
+			_ = lg.conn.Close(context.Background())
+			lg.conn = nil
+		}
+		if sleepCtx(ctx, backoff) != nil {
+			return
+		}
+		backoff = min(2*backoff, 5*time.Second)
+		conn, err := startStream(ctx, cc, lg.slot, lg.publication, pos.resume)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if transient(err) || (errors.As(err, &pgErr) && pgErr.Code == "55006") {
+				t.host.Logger.Warn("reconnecting the replication stream failed", "error", err)
+				continue
+			}
+			lg.readerErr = err
+			return
+		}
+		lg.conn = conn
+	}
+}
+
+// stream reads lg.conn until it fails or ctx ends; progressed says whether
+// it read anything.
+func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition) (progressed bool, err error) {
+	if lg.conn == nil {
+		return false, errors.New("no replication connection")
+	}
+	conn := lg.conn
+	relations := map[uint32]*pglogrepl.RelationMessage{}
+	var received uint64
+	nextStatus := time.Now().Add(standbyInterval)
+	status := func() error {
+		c := lg.confirmed.Load()
+		w := max(received, c)
+		if c == 0 {
+			c = 1 // 0 would make pglogrepl report the write position as flushed
+		}
+		nextStatus = time.Now().Add(standbyInterval)
+		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: pglogrepl.LSN(w), WALFlushPosition: pglogrepl.LSN(c), WALApplyPosition: pglogrepl.LSN(c)})
+	}
+	send := func(ev logicalEvent) error {
+		select {
+		case lg.events <- ev:
+			return nil
+		default:
+		}
+		for {
+			wait := time.NewTimer(time.Until(nextStatus))
+			select {
+			case lg.events <- ev:
+				wait.Stop()
+				return nil
+			case <-ctx.Done():
+				wait.Stop()
+				return ctx.Err()
+			case <-wait.C:
+				// Poll is behind: the server must still hear from us.
+				if err := status(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	var (
+		inTx     bool
+		cur      logicalEvent
+		skip     int
+		lastIdle uint64
+	)
+	for {
+		if !time.Now().Before(nextStatus) {
+			if err := status(); err != nil {
+				return progressed, err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return progressed, ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return progressed, err
+		}
+		var data []byte
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			data = m.Data
+		case *pgproto3.ErrorResponse:
+			return progressed, pgconn.ErrorResponseToPgError(m)
+		default:
+			continue
+		}
+		if len(data) == 0 {
+			continue
+		}
+		switch data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+			if err != nil {
+				return progressed, fmt.Errorf("replication slot %s: %w", lg.slot, err)
+			}
+			if end := uint64(pkm.ServerWALEnd); !inTx && end > lastIdle {
+				// Between transactions at end: nothing before it is left
+				// to send, so once the records sent are acknowledged the
+				// slot may pass it (else it would keep WAL of tables it
+				// does not capture). Not worth waiting for.
+				select {
+				case lg.events <- logicalEvent{kind: evIdle, endLSN: end}:
+					lastIdle = end
+				default:
+				}
+			}
+			if pkm.ReplyRequested {
+				if err := status(); err != nil {
+					return progressed, err
+				}
+			}
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(data[1:])
+			if err != nil {
+				return progressed, fmt.Errorf("replication slot %s: %w", lg.slot, err)
+			}
+			received = max(received, uint64(xld.WALStart))
+			progressed = true
+			// The values alias the connection's buffer, which the next
+			// read reuses; the events outlive it.
+			m, err := pglogrepl.Parse(slices.Clone(xld.WALData))
+			if err != nil {
+				return progressed, fmt.Errorf("replication slot %s: decoding pgoutput: %w", lg.slot, err)
+			}
+			change := func(rel uint32, op string, old, new []*pglogrepl.TupleDataColumn) error {
+				r := relations[rel]
+				if r == nil {
+					return fmt.Errorf("replication slot %s: a change of relation %d came before its description", lg.slot, rel)
+				}
+				ev := cur
+				ev.kind, ev.rel, ev.op, ev.old, ev.new = evChange, r, op, old, new
+				cur.seq++
+				if ev.seq < skip {
+					return nil // sent before the reconnection
+				}
+				if err := send(ev); err != nil {
+					return err
+				}
+				pos.partial, pos.partialSent = cur.commitLSN, cur.seq
+				return nil
+			}
+			switch m := m.(type) {
+			case *pglogrepl.RelationMessage:
+				relations[m.RelationID] = m
+			case *pglogrepl.BeginMessage:
+				inTx = true
+				cur = logicalEvent{xid: m.Xid, commitLSN: uint64(m.FinalLSN), at: m.CommitTime}
+				skip = 0
+				if pos.partial == cur.commitLSN {
+					skip = pos.partialSent
+				}
+			case *pglogrepl.InsertMessage:
+				err = change(m.RelationID, "c", nil, tupleColumns(m.Tuple))
+			case *pglogrepl.UpdateMessage:
+				old, new := tupleColumns(m.OldTuple), tupleColumns(m.NewTuple)
+				for i, c := range new {
+					// An unchanged TOASTed value is not sent; the old
+					// image has it under REPLICA IDENTITY FULL.
+					if c.DataType == pglogrepl.TupleDataTypeToast && i < len(old) && old[i].DataType != pglogrepl.TupleDataTypeToast {
+						new[i] = old[i]
+					}
+				}
+				err = change(m.RelationID, "u", old, new)
+			case *pglogrepl.DeleteMessage:
+				err = change(m.RelationID, "d", tupleColumns(m.OldTuple), nil)
+			case *pglogrepl.TruncateMessage:
+				for _, id := range m.RelationIDs {
+					if err = change(id, "t", nil, nil); err != nil {
+						break
+					}
+				}
+			case *pglogrepl.CommitMessage:
+				inTx = false
+				ev := cur
+				ev.kind, ev.endLSN = evCommit, uint64(m.TransactionEndLSN)
+				if err := send(ev); err != nil {
+					return progressed, err
+				}
+				pos.resume, pos.partial, pos.partialSent = ev.endLSN, 0, 0
+			}
+			if err != nil {
+				return progressed, err
+			}
+		}
+	}
+}
+
+func tupleColumns(td *pglogrepl.TupleData) []*pglogrepl.TupleDataColumn {
+	if td == nil {
+		return nil
+	}
+	return td.Columns
+}
+
+// logicalPoll returns the changes streamed so far, up to poll.max.records,
+// waiting up to poll.interval.ms for the first.
+func (t *Task) logicalPoll(ctx context.Context) ([]connect.SourceRecord, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.stopContext(), cancel)()
+	lg := t.lg
+	evs := lg.held
+	lg.held = nil
+	changes := 0
+	for _, ev := range evs {
+		if ev.kind == evChange {
+			changes++
+		}
+	}
+	if len(evs) == 0 {
+		select {
+		case ev := <-lg.events:
+			evs = append(evs, ev)
+		default:
+			timer := time.NewTimer(time.Duration(t.s.pollInterval) * time.Millisecond)
+			defer timer.Stop()
+			select {
+			case ev := <-lg.events:
+				evs = append(evs, ev)
+			case <-lg.readerDone:
+				select {
+				case ev := <-lg.events: // what it read before it ended goes first
+					evs = append(evs, ev)
+				default:
+					if ctx.Err() != nil || lg.readerErr == nil {
+						return nil, nil
+					}
+					return nil, fmt.Errorf("reading replication slot %s: %w", lg.slot, lg.readerErr)
+				}
+			case <-ctx.Done():
+				return nil, nil
+			case <-timer.C:
+				return nil, nil
+			}
+		}
+		if evs[0].kind == evChange {
+			changes++
+		}
+	}
+take:
+	for changes < t.s.pollMax {
+		select {
+		case ev := <-lg.events:
+			evs = append(evs, ev)
+			if ev.kind == evChange {
+				changes++
+			}
+		default:
+			break take
+		}
+	}
+	recs, err := t.logicalRecords(ctx, evs)
+	if err != nil {
+		if ctx.Err() != nil {
+			lg.held = evs // interrupted: the next Poll renders them
+			return nil, nil
+		}
+		return nil, err
+	}
+	return recs, nil
+}
+
+// logicalRecords turns events into records and counts them into their
+// transactions.
+func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connect.SourceRecord, error) {
+	lg := t.lg
+	type image struct {
+		group string
+		index int
+	}
+	groups := map[string]*renderGroup{}
+	var order []string
+	add := func(rel *pglogrepl.RelationMessage, cols []*pglogrepl.TupleDataColumn) image {
+		if cols == nil {
+			return image{index: -1}
+		}
+		mask := make([]byte, len(cols))
+		for i, c := range cols {
+			mask[i] = '+'
+			if c.DataType == pglogrepl.TupleDataTypeToast || i >= len(rel.Columns) {
+				mask[i] = '-'
+			}
+		}
+		key := fmt.Sprintf("%p/%s", rel, mask)
+		g := groups[key]
+		if g == nil {
+			g = &renderGroup{rel: rel, mask: mask}
+			groups[key] = g
+			order = append(order, key)
+		}
+		row := make([]byte, 0, 64)
+		row = append(row, '[')
+		for i, c := range cols {
+			if mask[i] != '+' {
+				continue
+			}
+			if len(row) > 1 {
+				row = append(row, ',')
+			}
+			if c.DataType == pglogrepl.TupleDataTypeNull {
+				row = append(row, "null"...)
+			} else {
+				row = appendJSONString(row, string(c.Data))
+			}
+		}
+		g.rows = append(g.rows, string(append(row, ']')))
+		return image{key, len(g.rows) - 1}
+	}
+	type pendingChange struct {
+		ev            *logicalEvent
+		before, after image
+	}
+	var changes []pendingChange
+	var typeOIDs []uint32
+	for i := range evs {
+		ev := &evs[i]
+		if ev.kind != evChange {
+			continue
+		}
+		for _, c := range ev.rel.Columns {
+			if _, ok := lg.typeNames[c.DataType]; !ok && !slices.Contains(typeOIDs, c.DataType) {
+				typeOIDs = append(typeOIDs, c.DataType)
+			}
+		}
+		changes = append(changes, pendingChange{ev, add(ev.rel, ev.old), add(ev.rel, ev.new)})
+	}
+	if err := t.logicalMeta(ctx, changes2rels(evs)); err != nil {
+		return nil, err
+	}
+	var nextXid uint64
+	if len(changes) > 0 {
+		if err := t.typeNamesFor(ctx, typeOIDs); err != nil {
+			return nil, err
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(`SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8`).QueryRow(func(r pgx.Row) error {
+			var x int64
+			err := r.Scan(&x)
+			nextXid = uint64(x)
+			return err
+		})
+		for _, key := range order {
+			g := groups[key]
+			sql, err := g.sql(lg.typeNames)
+			if err != nil {
+				return nil, err
+			}
+			g.out = make([][]byte, len(g.rows))
+			batch.Queue(sql, g.rows).Query(func(rows pgx.Rows) error { return g.scan(rows) })
+		}
+		if err := t.pool.SendBatch(ctx, batch).Close(); err != nil {
+			return nil, fmt.Errorf("rendering the changes of replication slot %s: %w", lg.slot, err)
+		}
+	}
+	img := func(im image) []byte {
+		if im.index < 0 {
+			return nil
+		}
+		return groups[im.group].out[im.index]
+	}
+	recs := make([]connect.SourceRecord, 0, len(changes))
+	for _, c := range changes {
+		m := t.logicalMetaOf(c.ev.rel)
+		before, after := img(c.before), img(c.after)
+		var key []byte
+		if c.ev.op != "t" {
+			key, _ = m.key(c.ev.op, before, after)
+		}
+		txid := strconv.FormatUint(fullXid(c.ev.xid, nextXid), 10)
+		recs = append(recs, connect.SourceRecord{
+			SourcePartition: map[string]any{"slot": lg.slot},
+			SourceOffset:    map[string]any{"lsn": int64(c.ev.commitLSN), "seq": c.ev.seq, "txid": txid},
+			Topic:           m.topic,
+			Partition:       -1,
+			Key:             key,
+			Value:           m.envelope(c.ev.op, before, after, txid, int64(c.ev.seq), c.ev.at.UnixMilli()),
+			Timestamp:       c.ev.at,
+		})
+	}
+	if t.s.tombstones {
+		recs = withTombstones(recs, func(i int) recordChange {
+			c := changes[i]
+			return recordChange{op: c.ev.op, m: t.logicalMetaOf(c.ev.rel), before: img(c.before), after: img(c.after),
+				txid: recs[i].SourceOffset["txid"].(string), seq: int64(c.ev.seq), tsMS: c.ev.at.UnixMilli()}
+		})
+	}
+	// Count the records into their transactions, in stream order.
+	counts := map[uint64]int{}
+	for _, r := range recs {
+		counts[uint64(offsetInt(r.SourceOffset["lsn"]))]++
+	}
+	for _, ev := range evs {
+		switch ev.kind {
+		case evChange:
+			tx := lg.txOf(ev.commitLSN)
+			tx.remaining += counts[ev.commitLSN]
+			counts[ev.commitLSN] = 0
+		case evCommit:
+			tx := lg.txOf(ev.commitLSN)
+			tx.complete, tx.endLSN = true, ev.endLSN
+		case evIdle:
+			if n := len(lg.pending); n == 0 || lg.pending[n-1].complete {
+				lg.pending = append(lg.pending, &logicalTx{endLSN: ev.endLSN, complete: true})
+			}
+		}
+	}
+	lg.advance()
+	return recs, nil
+}
+
+func changes2rels(evs []logicalEvent) []*pglogrepl.RelationMessage {
+	var rels []*pglogrepl.RelationMessage
+	for _, ev := range evs {
+		if ev.kind == evChange && !slices.Contains(rels, ev.rel) {
+			rels = append(rels, ev.rel)
+		}
+	}
+	return rels
+}
+
+// fullXid widens a 32-bit transaction id to the 64-bit one
+// (pg_current_xact_id's) by the epoch of next, a later id.
+func fullXid(xid uint32, next uint64) uint64 {
+	if next == 0 {
+		return uint64(xid)
+	}
+	epoch := next >> 32
+	if xid > uint32(next) && epoch > 0 {
+		epoch--
+	}
+	return epoch<<32 | uint64(xid)
+}
+
+// txOf returns the pending transaction of commitLSN, adding it.
+func (lg *logicalState) txOf(commitLSN uint64) *logicalTx {
+	tx := lg.byLSN[commitLSN]
+	if tx == nil {
+		tx = &logicalTx{commitLSN: commitLSN}
+		lg.byLSN[commitLSN] = tx
+		lg.pending = append(lg.pending, tx)
+	}
+	return tx
+}
+
+// advance moves the confirmed position past the leading transactions
+// whose records are all acknowledged.
+func (lg *logicalState) advance() {
+	n := 0
+	for ; n < len(lg.pending); n++ {
+		tx := lg.pending[n]
+		if !tx.complete || tx.remaining > 0 {
+			break
+		}
+		if tx.endLSN > lg.confirmed.Load() {
+			lg.confirmed.Store(tx.endLSN)
+		}
+		if tx.commitLSN != 0 {
+			delete(lg.byLSN, tx.commitLSN)
+		}
+	}
+	lg.pending = lg.pending[n:]
+}
+
+// logicalCommit counts the acknowledged records out of their
+// transactions; the reader reports the new position to the server.
+func (t *Task) logicalCommit(acked []connect.SourceRecord) {
+	lg := t.lg
+	for _, r := range acked {
+		if tx := lg.byLSN[uint64(offsetInt(r.SourceOffset["lsn"]))]; tx != nil && tx.remaining > 0 {
+			tx.remaining--
+		}
+	}
+	lg.advance()
+}
+
+// logicalMeta makes sure every relation has its table's meta: keys and
+// topics of the configured tables (read again every metaRefresh).
+func (t *Task) logicalMeta(ctx context.Context, rels []*pglogrepl.RelationMessage) error {
+	var missing []tableName
+	refresh := time.Since(t.metaAt) > metaRefresh
+	for _, rel := range rels {
+		tb, ok := t.lg.byOID[rel.RelationID]
+		if !ok {
+			tb = tableName{rel.Namespace, rel.RelationName}
+		}
+		if _, known := t.meta[tb]; (!known || refresh) && !slices.Contains(missing, tb) {
+			missing = append(missing, tb)
+		}
+	}
+	if refresh {
+		t.metaAt = time.Now()
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := t.loadMeta(ctx, missing, true); err != nil {
+		return err
+	}
+	for _, tb := range missing {
+		if t.meta[tb] == nil {
+			t.meta[tb] = t.newMeta(tb, nil) // gone since: no key
+		}
+	}
+	return nil
+}
+
+func (t *Task) logicalMetaOf(rel *pglogrepl.RelationMessage) *tableMeta {
+	tb, ok := t.lg.byOID[rel.RelationID]
+	if !ok {
+		tb = tableName{rel.Namespace, rel.RelationName}
+	}
+	return t.meta[tb]
+}
+
+// typeNamesFor reads the cast target of each type: a domain's base type
+// (to_json renders a domain as its base type, and a domain's current
+// CHECK need not accept an old value).
+func (t *Task) typeNamesFor(ctx context.Context, oids []uint32) error {
+	if len(oids) == 0 {
+		return nil
+	}
+	rows, err := t.pool.Query(ctx, `
+WITH RECURSIVE d(oid, base) AS (
+  SELECT x.oid, x.oid FROM unnest($1::oid[]) AS x(oid)
+  UNION ALL
+  SELECT d.oid, ty.typbasetype FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype = 'd')
+SELECT d.oid::int8, pg_catalog.format_type(d.base, NULL)
+FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype <> 'd'`, oids)
+	if err != nil {
+		return fmt.Errorf("reading column types: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var oid int64
+		var name string
+		if err := rows.Scan(&oid, &name); err != nil {
+			return err
+		}
+		t.lg.typeNames[uint32(oid)] = name
+	}
+	return rows.Err()
+}
+
+// renderGroup is the images of one relation description with the same
+// columns present, rendered by one statement.
+type renderGroup struct {
+	rel  *pglogrepl.RelationMessage
+	mask []byte   // '+': the column is in the images
+	rows []string // each a JSON array of the present columns' text values
+	out  [][]byte
+}
+
+func (g *renderGroup) sql(typeNames map[uint32]string) (string, error) {
+	var cols []string
+	k := 0
+	for i, present := range g.mask {
+		if present != '+' {
+			continue
+		}
+		c := g.rel.Columns[i]
+		typ, ok := typeNames[c.DataType]
+		if !ok {
+			return "", fmt.Errorf("column %q of %s.%s has type %d, which no longer exists", c.Name, g.rel.Namespace, g.rel.RelationName, c.DataType)
+		}
+		cols = append(cols, fmt.Sprintf("(j.v ->> %d)::%s AS %s", k, typ, pgx.Identifier{c.Name}.Sanitize()))
+		k++
+	}
+	if len(cols) == 0 {
+		return `SELECT u.n, '{}'::text FROM unnest($1::text[]) WITH ORDINALITY AS u(v, n)`, nil
+	}
+	return `SELECT u.n, to_json(r)::text FROM unnest($1::text[]) WITH ORDINALITY AS u(v, n)
+CROSS JOIN LATERAL (SELECT u.v::json AS v) AS j
+CROSS JOIN LATERAL (SELECT ` + strings.Join(cols, ", ") + `) AS r`, nil
+}
+
+func (g *renderGroup) scan(rows pgx.Rows) error {
+	for rows.Next() {
+		var n int64
+		var js string
+		if err := rows.Scan(&n, &js); err != nil {
+			return err
+		}
+		if n >= 1 && int(n) <= len(g.out) {
+			g.out[n-1] = []byte(js)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("a change of %s.%s: %w", g.rel.Namespace, g.rel.RelationName, err)
+	}
+	return nil
+}
+
+// logicalStopped ends the reader, reports the last confirmed position (so
+// a restart does not send again what Kafka has) and closes the
+// connections.
+func (t *Task) logicalStopped(ctx context.Context) {
+	lg := t.lg
+	if lg.cancelReader != nil {
+		lg.cancelReader()
+		<-lg.readerDone
+	}
+	if lg.conn != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		c := lg.confirmed.Load()
+		if c > 0 {
+			if err := pglogrepl.SendStandbyStatusUpdate(sctx, lg.conn, pglogrepl.StandbyStatusUpdate{
+				WALWritePosition: pglogrepl.LSN(c), WALFlushPosition: pglogrepl.LSN(c), WALApplyPosition: pglogrepl.LSN(c)}); err != nil {
+				t.host.Logger.Warn("reporting the delivered position to the server failed at stop; changes since the last report will be delivered again", "error", err)
+			}
+		}
+		_ = lg.conn.Close(sctx)
+		cancel()
+		lg.conn = nil
+	}
+	if t.pool != nil {
+		t.pool.Close()
+	}
+}
