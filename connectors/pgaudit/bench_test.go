@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -178,6 +179,62 @@ END $$`)
 		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r), false)
 	})
 
+	// capture.method=logical (docs/decisions/0074). "slot_only": the slot
+	// exists and nobody reads it, so the writers pay what they pay (WAL
+	// kept, nothing decoded), as in the trigger variants above, which
+	// nobody consumes either. "consumed": the task streams and confirms
+	// during the captured rounds and is stopped during the plain ones, so
+	// the plain table runs with no decoding at all and the captured one
+	// pays for decoding the plain round's WAL too: all of logical
+	// decoding's cost on the server's CPU, which these 2 vCPUs share with
+	// the clients.
+	b.Run("single_row_tx_4_clients_logical_slot_only", func(b *testing.B) {
+		plain, captured, r := benchLogicalTables(b, db, url)
+		for _, task := range r.tasks {
+			task.Stop(false)
+			_ = task.Stopped(testCtx(b))
+		}
+		r.tasks = nil
+		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured, false)
+	})
+	b.Run("single_row_tx_4_clients_logical_consumed", func(b *testing.B) {
+		plain, captured, r := benchLogicalTables(b, db, url)
+		var stopConsuming func()
+		prepare := func(capturedNext bool) {
+			if stopConsuming != nil {
+				stopConsuming()
+				stopConsuming = nil
+			}
+			if !capturedNext {
+				return
+			}
+			r2, err := tryStart(b, r.cfg, r.ledger)
+			if err != nil {
+				b.Fatal(err)
+			}
+			stopConsuming = consume(b, r2)
+			// Caught up with the plain round's WAL before the clock runs:
+			// the captured round pays for decoding its own.
+			var flushed pglogrepl.LSN
+			if err := db.QueryRow(testCtx(b), `SELECT pg_current_wal_flush_lsn()::text`).Scan(&flushed); err != nil {
+				b.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for r2.tasks[0].lg.confirmed.Load() < uint64(flushed) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		for _, task := range r.tasks {
+			task.Stop(false)
+			_ = task.Stopped(testCtx(b))
+		}
+		r.tasks = nil
+		singleRowRoundsWith(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured, false, prepare)
+		if stopConsuming != nil {
+			stopConsuming()
+		}
+	})
+
 	// The floor of any trigger-based capture on this machine: the same
 	// workload against a table whose statement-level triggers (with
 	// transition tables, as pgaudit's) call a SECURITY DEFINER PL/pgSQL
@@ -218,6 +275,59 @@ func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log strin
 	report(b, tp, tc)
 }
 
+// benchLogicalTables is benchTables under capture.method=logical.
+func benchLogicalTables(b *testing.B, db *pgxpool.Pool, url string) (plain, captured string, r *running) {
+	s := newSchema(b, db)
+	plain, captured = qualified(s, "plain"), qualified(s, "captured")
+	mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)
+	mustExec(b, db, `CREATE TABLE `+captured+` `+benchColumns)
+	name := testenv.Unique("bench-logical-")
+	dropSlotAfter(b, db, name)
+	r = startConnector(b, logicalConfig(name, url, s+".captured"), connect.NewMemoryLedger())
+	b.Cleanup(func() {
+		r2, err := tryStart(b, r.cfg, r.ledger)
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		if err := r2.stop(true); err != nil {
+			b.Error(err)
+		}
+	})
+	return plain, captured, r
+}
+
+// consume polls and commits r's tasks until the returned function, which
+// stops them (not a deletion), is called.
+func consume(b *testing.B, r *running) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, task := range r.tasks {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				recs, err := task.Poll(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					return
+				}
+				if err := task.Commit(ctx, recs); err != nil && ctx.Err() == nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+		if err := r.stop(false); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
 func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed, explicit bool) {
 	plain, captured, r := benchTables(b, db, url, extra)
 	if consumed {
@@ -249,6 +359,12 @@ func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect
 // statement, or inside BEGIN ... COMMIT if explicit) against plain and
 // captured in turn, truncating before each round, and reports the ratio.
 func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate string, explicit bool) {
+	singleRowRoundsWith(b, db, plain, captured, truncate, explicit, nil)
+}
+
+// singleRowRoundsWith is singleRowRounds with prepare called, untimed,
+// before each table's round.
+func singleRowRoundsWith(b *testing.B, db *pgxpool.Pool, plain, captured, truncate string, explicit bool, prepare func(capturedNext bool)) {
 	const clients, perClient = 4, 1000
 	exec := func(sql string, args ...any) error {
 		if !explicit {
@@ -261,6 +377,11 @@ func singleRowRounds(b *testing.B, db *pgxpool.Pool, plain, captured, truncate s
 		})
 	}
 	run := func(table string, round int) time.Duration {
+		if prepare != nil {
+			b.StopTimer()
+			prepare(table == captured)
+			b.StartTimer()
+		}
 		var wg sync.WaitGroup
 		start := time.Now()
 		for c := range clients {

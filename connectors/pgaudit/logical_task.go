@@ -43,7 +43,11 @@ type logicalState struct {
 	pending   []*logicalTx          // in stream order
 	byLSN     map[uint64]*logicalTx // pending, by commit LSN
 	held      []logicalEvent        // taken from events, not turned into records yet
-	typeNames map[uint32]string     // cast target of each column type
+	types     map[uint32]columnType // of each column type
+	// nextXid is a recent pg_current_snapshot's xmax, read at nextXidAt:
+	// the epoch of the changes' 32-bit ids (fullXid).
+	nextXid   uint64
+	nextXidAt time.Time
 	byOID     map[uint32]tableName  // configured tables by relation OID
 }
 
@@ -84,7 +88,7 @@ var standbyInterval = 10 * time.Second
 
 func (t *Task) startLogical(ctx context.Context, s settings) error {
 	pub, slot := logicalNames(s.name)
-	lg := &logicalState{slot: slot, publication: pub, byLSN: map[uint64]*logicalTx{}, typeNames: map[uint32]string{}, byOID: map[uint32]tableName{}}
+	lg := &logicalState{slot: slot, publication: pub, byLSN: map[uint64]*logicalTx{}, types: map[uint32]columnType{}, byOID: map[uint32]tableName{}}
 	pool, err := newTaskPool(s, t.host.Task)
 	if err != nil {
 		return err
@@ -593,8 +597,9 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 		return image{key, len(g.rows) - 1}
 	}
 	type pendingChange struct {
-		ev            *logicalEvent
-		before, after image
+		ev                    *logicalEvent
+		before, after         image  // rendered by the server
+		beforeJSON, afterJSON []byte // rendered here
 	}
 	var changes []pendingChange
 	var typeOIDs []uint32
@@ -604,30 +609,47 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 			continue
 		}
 		for _, c := range ev.rel.Columns {
-			if _, ok := lg.typeNames[c.DataType]; !ok && !slices.Contains(typeOIDs, c.DataType) {
+			if _, ok := lg.types[c.DataType]; !ok && !slices.Contains(typeOIDs, c.DataType) {
 				typeOIDs = append(typeOIDs, c.DataType)
 			}
 		}
-		changes = append(changes, pendingChange{ev, add(ev.rel, ev.old), add(ev.rel, ev.new)})
+	}
+	if err := t.typesFor(ctx, typeOIDs); err != nil {
+		return nil, err
+	}
+	for i := range evs {
+		ev := &evs[i]
+		if ev.kind != evChange {
+			continue
+		}
+		pc := pendingChange{ev: ev, before: image{index: -1}, after: image{index: -1}}
+		if ev.old != nil {
+			if pc.beforeJSON = renderImage(ev.rel, ev.old, lg.types); pc.beforeJSON == nil {
+				pc.before = add(ev.rel, ev.old)
+			}
+		}
+		if ev.new != nil {
+			if pc.afterJSON = renderImage(ev.rel, ev.new, lg.types); pc.afterJSON == nil {
+				pc.after = add(ev.rel, ev.new)
+			}
+		}
+		changes = append(changes, pc)
 	}
 	if err := t.logicalMeta(ctx, changes2rels(evs)); err != nil {
 		return nil, err
 	}
-	var nextXid uint64
-	if len(changes) > 0 {
-		if err := t.typeNamesFor(ctx, typeOIDs); err != nil {
-			return nil, err
+	if len(changes) > 0 && time.Since(lg.nextXidAt) > nextXidRefresh {
+		var x int64
+		if err := t.pool.QueryRow(ctx, `SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8`).Scan(&x); err != nil {
+			return nil, fmt.Errorf("reading the current transaction id: %w", err)
 		}
+		lg.nextXid, lg.nextXidAt = uint64(x), time.Now()
+	}
+	if len(order) > 0 {
 		batch := &pgx.Batch{}
-		batch.Queue(`SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::int8`).QueryRow(func(r pgx.Row) error {
-			var x int64
-			err := r.Scan(&x)
-			nextXid = uint64(x)
-			return err
-		})
 		for _, key := range order {
 			g := groups[key]
-			sql, err := g.sql(lg.typeNames)
+			sql, err := g.sql(lg.types)
 			if err != nil {
 				return nil, err
 			}
@@ -638,21 +660,21 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 			return nil, fmt.Errorf("rendering the changes of replication slot %s: %w", lg.slot, err)
 		}
 	}
-	img := func(im image) []byte {
+	img := func(im image, rendered []byte) []byte {
 		if im.index < 0 {
-			return nil
+			return rendered
 		}
 		return groups[im.group].out[im.index]
 	}
 	recs := make([]connect.SourceRecord, 0, len(changes))
 	for _, c := range changes {
 		m := t.logicalMetaOf(c.ev.rel)
-		before, after := img(c.before), img(c.after)
+		before, after := img(c.before, c.beforeJSON), img(c.after, c.afterJSON)
 		var key []byte
 		if c.ev.op != "t" {
 			key, _ = m.key(c.ev.op, before, after)
 		}
-		txid := strconv.FormatUint(fullXid(c.ev.xid, nextXid), 10)
+		txid := strconv.FormatUint(fullXid(c.ev.xid, lg.nextXid), 10)
 		recs = append(recs, connect.SourceRecord{
 			SourcePartition: map[string]any{"slot": lg.slot},
 			SourceOffset:    map[string]any{"lsn": int64(c.ev.commitLSN), "seq": c.ev.seq, "txid": txid},
@@ -666,7 +688,7 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 	if t.s.tombstones {
 		recs = withTombstones(recs, func(i int) recordChange {
 			c := changes[i]
-			return recordChange{op: c.ev.op, m: t.logicalMetaOf(c.ev.rel), before: img(c.before), after: img(c.after),
+			return recordChange{op: c.ev.op, m: t.logicalMetaOf(c.ev.rel), before: img(c.before, c.beforeJSON), after: img(c.after, c.afterJSON),
 				txid: recs[i].SourceOffset["txid"].(string), seq: int64(c.ev.seq), tsMS: c.ev.at.UnixMilli()}
 		})
 	}
@@ -694,6 +716,44 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 	return recs, nil
 }
 
+// renderImage renders an image here when every value it holds is of a
+// type renderable here; nil when the server is to render it.
+func renderImage(rel *pglogrepl.RelationMessage, cols []*pglogrepl.TupleDataColumn, types map[uint32]columnType) []byte {
+	out := make([]byte, 0, 128)
+	out = append(out, '{')
+	first := true
+	for i, c := range cols {
+		if c.DataType == pglogrepl.TupleDataTypeToast {
+			continue
+		}
+		if i >= len(rel.Columns) {
+			return nil
+		}
+		col := rel.Columns[i]
+		ct, ok := types[col.DataType]
+		if !ok || !renderable(ct.base) {
+			return nil
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = appendPGString(out, col.Name)
+		out = append(out, ':')
+		if c.DataType == pglogrepl.TupleDataTypeNull {
+			out = append(out, "null"...)
+			continue
+		}
+		if c.DataType != pglogrepl.TupleDataTypeText {
+			return nil
+		}
+		if out, ok = appendValue(out, ct.base, string(c.Data)); !ok {
+			return nil
+		}
+	}
+	return append(out, '}')
+}
+
 func changes2rels(evs []logicalEvent) []*pglogrepl.RelationMessage {
 	var rels []*pglogrepl.RelationMessage
 	for _, ev := range evs {
@@ -704,17 +764,22 @@ func changes2rels(evs []logicalEvent) []*pglogrepl.RelationMessage {
 	return rels
 }
 
+// nextXidRefresh is how often the task reads the next transaction id
+// again. The changes' ids are within 2^31 of it (PostgreSQL's wraparound
+// protection) for far longer.
+var nextXidRefresh = 10 * time.Second
+
 // fullXid widens a 32-bit transaction id to the 64-bit one
-// (pg_current_xact_id's) by the epoch of next, a later id.
+// (pg_current_xact_id's): the one nearest to next, a recent next id.
 func fullXid(xid uint32, next uint64) uint64 {
-	if next == 0 {
-		return uint64(xid)
+	full := next&^0xffffffff | uint64(xid)
+	switch {
+	case full > next && full-next > 1<<31 && full >= 1<<32:
+		full -= 1 << 32
+	case full < next && next-full > 1<<31:
+		full += 1 << 32
 	}
-	epoch := next >> 32
-	if xid > uint32(next) && epoch > 0 {
-		epoch--
-	}
-	return epoch<<32 | uint64(xid)
+	return full
 }
 
 // txOf returns the pending transaction of commitLSN, adding it.
@@ -798,10 +863,17 @@ func (t *Task) logicalMetaOf(rel *pglogrepl.RelationMessage) *tableMeta {
 	return t.meta[tb]
 }
 
-// typeNamesFor reads the cast target of each type: a domain's base type
-// (to_json renders a domain as its base type, and a domain's current
-// CHECK need not accept an old value).
-func (t *Task) typeNamesFor(ctx context.Context, oids []uint32) error {
+// columnType is a column type's base type (a domain's, else its own):
+// its name, the cast target of its text values (to_json renders a domain
+// as its base type, and a domain's current CHECK need not accept an old
+// value), and its OID.
+type columnType struct {
+	name string
+	base uint32
+}
+
+// typesFor reads the base types of oids.
+func (t *Task) typesFor(ctx context.Context, oids []uint32) error {
 	if len(oids) == 0 {
 		return nil
 	}
@@ -810,19 +882,19 @@ WITH RECURSIVE d(oid, base) AS (
   SELECT x.oid, x.oid FROM unnest($1::oid[]) AS x(oid)
   UNION ALL
   SELECT d.oid, ty.typbasetype FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype = 'd')
-SELECT d.oid::int8, pg_catalog.format_type(d.base, NULL)
+SELECT d.oid::int8, pg_catalog.format_type(d.base, NULL), d.base::int8
 FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype <> 'd'`, oids)
 	if err != nil {
 		return fmt.Errorf("reading column types: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var oid int64
+		var oid, base int64
 		var name string
-		if err := rows.Scan(&oid, &name); err != nil {
+		if err := rows.Scan(&oid, &name, &base); err != nil {
 			return err
 		}
-		t.lg.typeNames[uint32(oid)] = name
+		t.lg.types[uint32(oid)] = columnType{name: name, base: uint32(base)}
 	}
 	return rows.Err()
 }
@@ -836,7 +908,7 @@ type renderGroup struct {
 	out  [][]byte
 }
 
-func (g *renderGroup) sql(typeNames map[uint32]string) (string, error) {
+func (g *renderGroup) sql(types map[uint32]columnType) (string, error) {
 	var cols []string
 	k := 0
 	for i, present := range g.mask {
@@ -844,7 +916,8 @@ func (g *renderGroup) sql(typeNames map[uint32]string) (string, error) {
 			continue
 		}
 		c := g.rel.Columns[i]
-		typ, ok := typeNames[c.DataType]
+		ct, ok := types[c.DataType]
+		typ := ct.name
 		if !ok {
 			return "", fmt.Errorf("column %q of %s.%s has type %d, which no longer exists", c.Name, g.rel.Namespace, g.rel.RelationName, c.DataType)
 		}

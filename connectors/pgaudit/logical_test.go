@@ -62,10 +62,13 @@ func TestLogicalCaptureColumnTypes(t *testing.T) {
 	tbl := qualified(s, "typed")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, t text, n numeric(12,3), ts timestamptz, j jsonb, b bytea, a int[], z text, f float8, iv interval)`)
 	mustExec(t, db, `ALTER TABLE `+tbl+` REPLICA IDENTITY FULL`)
+	// inet is rendered by the server (the task renders only types it
+	// knows), with the rest of the image.
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "net")+` (id int PRIMARY KEY, ip inet, tags text[])`)
 	name := testenv.Unique("logical-types-")
 	dropSlotAfter(t, db, name)
 	l := connect.NewMemoryLedger()
-	r := startConnector(t, logicalConfig(name, url, s+".typed"), l)
+	r := startConnector(t, logicalConfig(name, url, s+".typed", s+".net"), l)
 	defer func() {
 		if err := r.stop(true); err != nil {
 			t.Error(err)
@@ -145,6 +148,12 @@ func TestLogicalCaptureColumnTypes(t *testing.T) {
 	}
 	if slot, pub := slotAndPublication(t, db, r.name); !slot || !pub {
 		t.Errorf("slot %v publication %v while running", slot, pub)
+	}
+
+	mustExec(t, db, `INSERT INTO `+qualified(s, "net")+` VALUES (7, '10.0.0.1', '{a,"b c"}')`)
+	got = r.collect(1, true)
+	if want := jsonOf(t, `{"id":7,"ip":"10.0.0.1","tags":["a","b c"]}`); !reflect.DeepEqual(anyMap(got[0].After), want) || got[0].Topic != "tc."+s+".net" {
+		t.Errorf("server-rendered change on %s: %v, want %v", got[0].Topic, got[0].After, want)
 	}
 }
 
@@ -304,5 +313,101 @@ func TestLogicalConfigRefused(t *testing.T) {
 	}
 	if slot, pub := slotAndPublication(t, db, name); slot || !pub {
 		t.Errorf("slot %v publication %v: want no slot and the foreign publication kept", slot, pub)
+	}
+}
+
+// TestLogicalRenderMatchesToJSON: every value the task renders itself
+// comes out byte for byte as the server's to_json in the task's session
+// renders it, from the text the walsender sends (its session's settings);
+// the values it leaves to the server are the ones it cannot be sure of.
+func TestLogicalRenderMatchesToJSON(t *testing.T) {
+	db, _ := admin(t)
+	ctx := testCtx(t)
+	conn, err := db.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tests := []struct {
+		expr string
+		here bool // rendered by the task
+	}{
+		{`true`, true}, {`false`, true},
+		{`'\xdeadbeef'::bytea`, true}, {`'a'::"char"`, true}, {`'nm'::name`, true},
+		{`9223372036854775807::int8`, true}, {`(-32768)::int2`, true}, {`42::int4`, true},
+		{`E'h\u00e9llo "q" \\ \n\t\x01\x1f/<>&\u2028'::text`, true},
+		{`'{"a": [1, 2.50],  "b" : "x"}'::json`, true}, {`'{"b":1,"a":[true,null]}'::jsonb`, true},
+		{`'NaN'::float4`, true}, {`1.5e-7::float8`, true}, {`'Infinity'::float8`, true}, {`'-Infinity'::float4`, true},
+		{`0.1::float8`, true}, {`1e300::float8`, true}, {`(-0.0)::float8`, true}, {`3.4028235e38::float4`, true},
+		{`'x '::bpchar(3)`, true}, {`'v'::varchar`, true},
+		{`'2026-01-02'::date`, true}, {`'infinity'::date`, false}, {`'0044-03-15 BC'::date`, false},
+		{`'12:34:56.789'::time`, true}, {`'2026-01-02 03:04:05.123456'::timestamp`, true},
+		{`'2026-01-02 03:04:05.5+05:30'::timestamptz`, true}, {`'2026-01-02 03:04:05+00'::timestamptz`, true},
+		{`'infinity'::timestamptz`, false}, {`'10000-01-01 00:00:00+00'::timestamptz`, false},
+		{`'0001-01-01 00:00:00+00'::timestamptz - interval '1 day'`, false},
+		{`'1 year 2 mons 3 days 04:05:06.5'::interval`, true}, {`'-1 day'::interval`, true},
+		{`'12:00+05'::timetz`, true},
+		{`1234.500::numeric`, true}, {`'NaN'::numeric`, true}, {`'-Infinity'::numeric`, true}, {`0.000001::numeric`, true},
+		{`'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid`, true},
+		{`'{1,NULL,3}'::int4[]`, true}, {`'{"a b","c\"d",NULL,"NULL","x,y","{}"}'::text[]`, true}, {`'{}'::int[]`, true},
+		{`'{{1,2},{3,4}}'::int[]`, false}, {`'[0:1]={1,2}'::int[]`, false},
+		{`ARRAY['2026-01-02 03:04:05+00'::timestamptz, NULL]`, true}, {`ARRAY[1.5::numeric, 'NaN']`, true},
+		{`ARRAY['{"k": [1]}'::jsonb]`, true}, {`ARRAY[true, false]`, true}, {`ARRAY['\x00ff'::bytea]`, true},
+		{`'10.0.0.1'::inet`, false}, {`'(1,2)'::point`, false},
+	}
+	here := 0
+	for _, tt := range tests {
+		var oid uint32
+		var text, want string
+		// The walsender's settings for the text, the task session's for
+		// to_json.
+		if _, err := conn.Exec(ctx, `SET TimeZone = 'UTC'; SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET bytea_output = 'hex'; SET extra_float_digits = 3`); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT pg_typeof(v)::oid, format($$%s$$, v) FROM (SELECT `+tt.expr+` AS v) AS x`).Scan(&oid, &text); err != nil {
+			t.Fatalf("%s: %v", tt.expr, err)
+		}
+		if _, err := conn.Exec(ctx, `SET extra_float_digits = 1`); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, `SELECT to_json(`+tt.expr+`)::text`).Scan(&want); err != nil {
+			t.Fatalf("%s: %v", tt.expr, err)
+		}
+		got, ok := appendValue(nil, oid, text)
+		if ok != tt.here {
+			t.Errorf("%s (text %q): rendered by the task %v, want %v", tt.expr, text, ok, tt.here)
+		}
+		if ok {
+			here++
+			if string(got) != want {
+				t.Errorf("%s (text %q):\n task %s\n to_json %s", tt.expr, text, got, want)
+			}
+		}
+	}
+	if here < 40 {
+		t.Errorf("only %d values rendered by the task", here)
+	}
+	if _, err := conn.Exec(ctx, `RESET ALL`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFullXid: a 32-bit id becomes the 64-bit id nearest the next one,
+// across epochs.
+func TestFullXid(t *testing.T) {
+	for _, tt := range []struct {
+		xid  uint32
+		next uint64
+		want uint64
+	}{
+		{100, 200, 100},
+		{100, 5<<32 | 200, 5<<32 | 100},
+		{0xfffffff0, 5<<32 | 10, 4<<32 | 0xfffffff0}, // before the wrap
+		{20, 4<<32 | 0xfffffff0, 5<<32 | 20},         // after it: assigned since next was read
+		{0xfffffff0, 20, 0xfffffff0},                 // epoch 0 has no earlier one
+	} {
+		if got := fullXid(tt.xid, tt.next); got != tt.want {
+			t.Errorf("fullXid(%d, %#x) = %#x, want %#x", tt.xid, tt.next, got, tt.want)
+		}
 	}
 }
