@@ -16,13 +16,13 @@ import (
 type renderKind int8
 
 const (
-	renderServer  renderKind = iota // not known here: the server renders the image
-	renderString                    // a JSON string of the text
-	renderNumber                    // a number, or a string if not a valid JSON number (NaN, Infinity)
-	renderBool                      // t / f
-	renderRaw                       // json, jsonb: the text is JSON
-	renderDateTime                  // timestamp(tz): ISO text to to_json's XSD form
-	renderDate                      // date: the same text unless infinite or BC
+	renderServer   renderKind = iota // not known here: the server renders the image
+	renderString                     // a JSON string of the text
+	renderNumber                     // a number, or a string if not a valid JSON number (NaN, Infinity)
+	renderBool                       // t / f
+	renderRaw                        // json, jsonb: the text is JSON
+	renderDateTime                   // timestamp(tz): ISO text to to_json's XSD form
+	renderDate                       // date: the same text unless infinite or BC
 )
 
 // renderKinds of built-in scalar types by OID.

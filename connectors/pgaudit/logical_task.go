@@ -40,15 +40,15 @@ type logicalState struct {
 	confirmed atomic.Uint64
 
 	// Poll's and Commit's (the runtime never runs them at once).
-	pending   []*logicalTx          // in stream order
-	byLSN     map[uint64]*logicalTx // pending, by commit LSN
-	held      []logicalEvent        // taken from events, not turned into records yet
-	types     map[uint32]columnType // of each column type
+	pending []*logicalTx          // in stream order
+	byLSN   map[uint64]*logicalTx // pending, by commit LSN
+	held    []logicalEvent        // taken from events, not turned into records yet
+	types   map[uint32]columnType // of each column type
 	// nextXid is a recent pg_current_snapshot's xmax, read at nextXidAt:
 	// the epoch of the changes' 32-bit ids (fullXid).
 	nextXid   uint64
 	nextXidAt time.Time
-	byOID     map[uint32]tableName  // configured tables by relation OID
+	byOID     map[uint32]tableName // configured tables by relation OID
 }
 
 // logicalTx is a streamed transaction whose records are not all
