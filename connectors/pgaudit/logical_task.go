@@ -455,6 +455,9 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 				err = change(m.RelationID, "c", nil, tupleColumns(m.Tuple))
 			case *pglogrepl.UpdateMessage:
 				old, new := tupleColumns(m.OldTuple), tupleColumns(m.NewTuple)
+				if m.OldTupleType == pglogrepl.UpdateMessageTupleTypeKey {
+					old = keyOnly(relations[m.RelationID], old)
+				}
 				for i, c := range new {
 					// An unchanged TOASTed value is not sent; the old
 					// image has it under REPLICA IDENTITY FULL.
@@ -464,7 +467,11 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 				}
 				err = change(m.RelationID, "u", old, new)
 			case *pglogrepl.DeleteMessage:
-				err = change(m.RelationID, "d", tupleColumns(m.OldTuple), nil)
+				old := tupleColumns(m.OldTuple)
+				if m.OldTupleType == pglogrepl.UpdateMessageTupleTypeKey {
+					old = keyOnly(relations[m.RelationID], old)
+				}
+				err = change(m.RelationID, "d", old, nil)
 			case *pglogrepl.TruncateMessage:
 				for _, id := range m.RelationIDs {
 					if err = change(id, "t", nil, nil); err != nil {
@@ -485,6 +492,22 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 			}
 		}
 	}
+}
+
+// keyOnly leaves the replica identity's columns of a key image ('K'):
+// the others are sent as nulls, which they were not.
+func keyOnly(rel *pglogrepl.RelationMessage, cols []*pglogrepl.TupleDataColumn) []*pglogrepl.TupleDataColumn {
+	if rel == nil {
+		return cols
+	}
+	out := make([]*pglogrepl.TupleDataColumn, len(cols))
+	for i, c := range cols {
+		out[i] = c
+		if i >= len(rel.Columns) || rel.Columns[i].Flags&1 == 0 {
+			out[i] = &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeToast}
+		}
+	}
+	return out
 }
 
 func tupleColumns(td *pglogrepl.TupleData) []*pglogrepl.TupleDataColumn {

@@ -411,3 +411,41 @@ func TestFullXid(t *testing.T) {
 		}
 	}
 }
+
+// TestLogicalDefaultReplicaIdentity: under REPLICA IDENTITY DEFAULT the
+// WAL holds no old row but the key: an update that keeps the key has no
+// before image, one that changes it and a delete have the key columns
+// only (not nulls for the rest), and an update that leaves a TOASTed value
+// alone leaves it out of after, not null.
+func TestLogicalDefaultReplicaIdentity(t *testing.T) {
+	db, url := admin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "d")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text, big text)`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` ALTER COLUMN big SET STORAGE EXTERNAL`)
+	name := testenv.Unique("logical-default-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".d"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'a', repeat('x', 10000))`)
+	mustExec(t, db, `UPDATE `+tbl+` SET v = 'b' WHERE id = 1`)
+	mustExec(t, db, `UPDATE `+tbl+` SET id = 2 WHERE id = 1`)
+	mustExec(t, db, `DELETE FROM `+tbl+` WHERE id = 2`)
+	got := r.collect(4, true)
+	for i, want := range []struct{ before, after string }{
+		{"null", `{"id":1,"v":"a","big":"` + strings.Repeat("x", 10000) + `"}`},
+		{"null", `{"id":1,"v":"b"}`},
+		{`{"id":1}`, `{"id":2,"v":"b"}`},
+		{`{"id":2}`, "null"},
+	} {
+		if b := jsonOf(t, want.before); !reflect.DeepEqual(anyMap(got[i].Before), b) {
+			t.Errorf("change %d (%s): before %v, want %v", i, got[i].Op, got[i].Before, b)
+		}
+		if a := jsonOf(t, want.after); !reflect.DeepEqual(anyMap(got[i].After), a) {
+			t.Errorf("change %d (%s): after %.80v, want %.80v", i, got[i].Op, got[i].After, a)
+		}
+	}
+	if k := anyMap(got[2].Key); !reflect.DeepEqual(k, jsonOf(t, `{"id":2}`)) {
+		t.Errorf("key change: key %v, want the new key", k)
+	}
+}
