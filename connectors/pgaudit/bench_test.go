@@ -277,6 +277,7 @@ func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log strin
 
 // benchLogicalTables is benchTables under capture.method=logical.
 func benchLogicalTables(b *testing.B, db *pgxpool.Pool, url string) (plain, captured string, r *running) {
+	logicalAdmin(b)
 	s := newSchema(b, db)
 	plain, captured = qualified(s, "plain"), qualified(s, "captured")
 	mustExec(b, db, `CREATE TABLE `+plain+` `+benchColumns)

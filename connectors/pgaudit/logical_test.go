@@ -23,6 +23,21 @@ func logicalConfig(name, url string, tables ...string) connect.Config {
 	return cfg
 }
 
+// logicalAdmin is admin for tests of capture.method=logical: the server
+// must run with wal_level=logical.
+func logicalAdmin(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	db, url := admin(t)
+	var level string
+	if err := db.QueryRow(testCtx(t), `SHOW wal_level`).Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		testenv.Skip(t, "the server runs with wal_level=%s; capture.method=logical needs wal_level=logical (ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL; .ci/run does)", level)
+	}
+	return db, url
+}
+
 // slotAndPublication reports whether the connector's slot and publication
 // exist.
 func slotAndPublication(t testing.TB, db *pgxpool.Pool, connector string) (slot, pub bool) {
@@ -57,7 +72,7 @@ func dropSlotAfter(t testing.TB, db *pgxpool.Pool, connector string) {
 // the same envelope), with the full before image of a table with
 // REPLICA IDENTITY FULL.
 func TestLogicalCaptureColumnTypes(t *testing.T) {
-	db, url := admin(t)
+	db, url := logicalAdmin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "typed")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, t text, n numeric(12,3), ts timestamptz, j jsonb, b bytea, a int[], z text, f float8, iv interval)`)
@@ -162,7 +177,7 @@ func TestLogicalCaptureColumnTypes(t *testing.T) {
 // acknowledged and sends again what it did not, also changes made while
 // the connector was stopped; the slot then waits for nobody.
 func TestLogicalCommitOrderAndRestart(t *testing.T) {
-	db, url := admin(t)
+	db, url := logicalAdmin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "o")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
@@ -234,7 +249,7 @@ func TestLogicalCommitOrderAndRestart(t *testing.T) {
 // publication and nothing else: another connector on the same table goes
 // on capturing, and the table and its rows stay.
 func TestLogicalDeletionDropsOnlyOwn(t *testing.T) {
-	db, url := admin(t)
+	db, url := logicalAdmin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "shared")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
@@ -269,7 +284,7 @@ func TestLogicalDeletionDropsOnlyOwn(t *testing.T) {
 // REPLICATION and a publication of the same name that is not the
 // connector's are refused, by key, and leave nothing behind.
 func TestLogicalConfigRefused(t *testing.T) {
-	db, url := admin(t)
+	db, url := logicalAdmin(t)
 	s := newSchema(t, db)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "x")+` (id int PRIMARY KEY)`)
 
@@ -418,7 +433,7 @@ func TestFullXid(t *testing.T) {
 // only (not nulls for the rest), and an update that leaves a TOASTed value
 // alone leaves it out of after, not null.
 func TestLogicalDefaultReplicaIdentity(t *testing.T) {
-	db, url := admin(t)
+	db, url := logicalAdmin(t)
 	s := newSchema(t, db)
 	tbl := qualified(s, "d")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text, big text)`)
