@@ -291,13 +291,17 @@ func TestLogicalConfigRefused(t *testing.T) {
 	name := testenv.Unique("logical-keys-")
 	cfg := logicalConfig(name, url, s+".x")
 	cfg[KeyCaptureOrder] = orderStatement
-	cfg[KeyAuditSchema] = "tidyconnect"
+	cfg[KeyAuditSchema] = "mine"
+	cfg[KeyCaptureLevel] = levelStatement // the default: harmless, accepted
 	cfg[KeySnapshotMode] = snapshotInitial
 	errs := (&Connector{}).Validate(testCtx(t), cfg)
 	for _, k := range []string{KeyCaptureOrder, KeyAuditSchema, KeySnapshotMode} {
 		if len(errs[k]) == 0 || !strings.Contains(strings.Join(errs[k], " "), KeyCaptureMethod) {
 			t.Errorf("%s: %v, want a message naming %s", k, errs[k], KeyCaptureMethod)
 		}
+	}
+	if len(errs[KeyCaptureLevel]) > 0 {
+		t.Errorf("%s set to its default: %v", KeyCaptureLevel, errs[KeyCaptureLevel])
 	}
 
 	role, quoted := newRole(t, db, "norepl")

@@ -258,9 +258,12 @@ func parseSettings(name string, cfg connect.Config) (settings, map[string][]stri
 	}
 	s.logical = cfg[KeyCaptureMethod] == methodLogical
 	if s.logical {
-		// Keys of the trigger method: set, they would be silently ignored.
+		// Keys of the trigger method: set to anything but their defaults
+		// (which the runtime may have filled in), they would be silently
+		// ignored.
 		for _, k := range []string{KeyCaptureOrder, KeyCaptureLevel, KeyWakeupNotify, KeyAuditSchema} {
-			if _, set := raw[k]; set {
+			key, _ := def.Key(k)
+			if v, set := raw[k]; set && !strings.EqualFold(strings.TrimSpace(v), key.Default) {
 				errs[k] = append(errs[k], fmt.Sprintf("applies to %s=%s only: remove it (logical decoding sends every table's changes in commit order, from one task, with no audit objects)", KeyCaptureMethod, methodTrigger))
 			}
 		}
