@@ -538,13 +538,24 @@ func captureThroughput(b *testing.B, pipelined, logical bool) {
 // BenchmarkCommitToAckLatency: 1000 single-row transactions per second from
 // 4 writers; latency from COMMIT returning to the record acknowledged by
 // Kafka.
-func BenchmarkCommitToAckLatency(b *testing.B) {
+func BenchmarkCommitToAckLatency(b *testing.B) { commitToAckLatency(b, false) }
+
+// BenchmarkCommitToAckLatencyLogical is BenchmarkCommitToAckLatency under
+// capture.method=logical.
+func BenchmarkCommitToAckLatencyLogical(b *testing.B) { commitToAckLatency(b, true) }
+
+func commitToAckLatency(b *testing.B, logical bool) {
 	db, url := admin(b)
 	s := newSchema(b, db)
 	tbl := qualified(s, "lat")
 	mustExec(b, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, v text)`)
 	cfg := baseConfig(testenv.Unique("lat-"), url, auditSchemaFor(b, db), s+".lat")
-	cfg[KeyPollIntervalMS] = "1000" // latency must come from NOTIFY, not polling
+	if logical {
+		logicalAdmin(b)
+		cfg = logicalConfig(testenv.Unique("lat-logical-"), url, s+".lat")
+		dropSlotAfter(b, db, cfg["name"])
+	}
+	cfg[KeyPollIntervalMS] = "1000" // latency must come from NOTIFY (or the stream), not polling
 	r := startConnector(b, cfg, connect.NewMemoryLedger())
 	b.Cleanup(func() { _ = r.stop(true) })
 	cl := producer(b)
