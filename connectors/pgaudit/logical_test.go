@@ -468,3 +468,75 @@ func TestLogicalDefaultReplicaIdentity(t *testing.T) {
 		t.Errorf("key change: key %v, want the new key", k)
 	}
 }
+
+// TestLogicalStartWithPendingWork: creating the slot waits for the
+// transactions running at that moment; a prepared one is named instead of
+// waited for, and an open one ends the wait after slotCreateWait with
+// advice; neither Start leaves a slot, and once they end Start succeeds.
+func TestLogicalStartWithPendingWork(t *testing.T) {
+	db, url := logicalAdmin(t)
+	var maxPrepared int
+	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&maxPrepared); err != nil {
+		t.Fatal(err)
+	}
+	if maxPrepared == 0 {
+		testenv.Skip(t, "max_prepared_transactions is 0")
+	}
+	s := newSchema(t, db)
+	tbl := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	ctx := testCtx(t)
+	gid := testenv.Unique("logical-gid-")
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx) // the connection's transaction is over
+	prepared := true
+	defer func() {
+		if prepared {
+			_, _ = db.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`)
+		}
+	}()
+	name := testenv.Unique("logical-pending-")
+	dropSlotAfter(t, db, name)
+	cfg := logicalConfig(name, url, s+".p")
+	l := connect.NewMemoryLedger()
+	if _, err := tryStart(t, cfg, l); err == nil || !strings.Contains(err.Error(), gid) || !strings.Contains(err.Error(), "COMMIT PREPARED") {
+		t.Fatalf("Start with a prepared transaction: %v; want it named", err)
+	}
+	mustExec(t, db, `ROLLBACK PREPARED '`+gid+`'`)
+	prepared = false
+
+	override(t, &slotCreateWait, 500*time.Millisecond)
+	open, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.Exec(ctx, `INSERT INTO `+tbl+` VALUES (2)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tryStart(t, cfg, l); err == nil || !strings.Contains(err.Error(), "pg_stat_activity") {
+		t.Fatalf("Start with an open transaction: %v; want the advice", err)
+	}
+	if slot, _ := slotAndPublication(t, db, name); slot {
+		t.Fatal("a Start that gave up left a slot")
+	}
+	if err := open.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := startConnector(t, cfg, l)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (3)`)
+	if got := r.collect(1, true); got[0].After["id"] != jsonOf(t, "3") {
+		t.Errorf("got %v", got[0].After)
+	}
+	if err := r.stop(true); err != nil {
+		t.Error(err)
+	}
+}
