@@ -540,3 +540,37 @@ func TestLogicalStartWithPendingWork(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestLogicalSchemaChanges: each change comes with the columns its table
+// had when it was made, across ADD COLUMN, DROP COLUMN and a type change
+// made while earlier changes wait; a renamed table's changes keep its
+// topic.
+func TestLogicalSchemaChanges(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "sc")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, a text, b int)`)
+	name := testenv.Unique("logical-ddl-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".sc"), connect.NewMemoryLedger())
+	defer func() { _ = r.stop(true) }()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'one', 1)`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` ADD COLUMN c numeric`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2, 'two', 2, 2.5)`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` DROP COLUMN a`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` ALTER COLUMN b TYPE text`)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (3, 'three', 3.5)`)
+	mustExec(t, db, `ALTER TABLE `+tbl+` RENAME TO sc_renamed`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "sc_renamed")+` VALUES (4, 'four', 4)`)
+	got := r.collect(4, true)
+	for i, want := range []string{
+		`{"id":1,"a":"one","b":1}`,
+		`{"id":2,"a":"two","b":2,"c":2.5}`,
+		`{"id":3,"b":"three","c":3.5}`,
+		`{"id":4,"b":"four","c":4}`,
+	} {
+		if a := jsonOf(t, want); !reflect.DeepEqual(anyMap(got[i].After), a) || got[i].Topic != "tc."+s+".sc" {
+			t.Errorf("change %d on %s: %v, want %v on tc.%s.sc", i, got[i].Topic, got[i].After, a, s)
+		}
+	}
+}
