@@ -490,8 +490,12 @@ ORDER BY t.i`, schemas, tables, objectNames(s.name).rowTrigger, objectNames(s.na
 			}
 			switch {
 			case !owns:
-				problems = append(problems, fmt.Sprintf("role %s does not own table %s (creating, marking and dropping its capture triggers needs the owner's rights): connect as its owner %s, or ALTER TABLE %s OWNER TO %s, or make %s an inheriting member of %s (GRANT %s TO %s; not when %s is a superuser)",
-					pgx.Identifier{user}.Sanitize(), t.quoted(), pgx.Identifier{owner}.Sanitize(), t.quoted(), pgx.Identifier{user}.Sanitize(),
+				why := "creating, marking and dropping its capture triggers needs the owner's rights"
+				if s.logical {
+					why = "PostgreSQL adds to a publication only tables the role owns"
+				}
+				problems = append(problems, fmt.Sprintf("role %s does not own table %s (%s): connect as its owner %s, or ALTER TABLE %s OWNER TO %s, or make %s an inheriting member of %s (GRANT %s TO %s; not when %s is a superuser)",
+					pgx.Identifier{user}.Sanitize(), t.quoted(), why, pgx.Identifier{owner}.Sanitize(), t.quoted(), pgx.Identifier{user}.Sanitize(),
 					pgx.Identifier{user}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{owner}.Sanitize(), pgx.Identifier{user}.Sanitize(), pgx.Identifier{owner}.Sanitize()))
 			case !trig:
 				problems = append(problems, fmt.Sprintf("role %s has no TRIGGER privilege on table %s: GRANT TRIGGER ON %s TO %s", pgx.Identifier{user}.Sanitize(), t.quoted(), t.quoted(), pgx.Identifier{user}.Sanitize()))

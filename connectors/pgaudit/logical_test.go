@@ -321,6 +321,20 @@ func TestLogicalConfigRefused(t *testing.T) {
 		t.Errorf("a refused Start left slot %v publication %v", slot, pub)
 	}
 
+	// A role that may replicate but does not own the table.
+	repl, replQuoted := newRole(t, db, "repl")
+	mustExec(t, db, `ALTER ROLE `+replQuoted+` REPLICATION`)
+	mustExec(t, db, `GRANT CREATE ON DATABASE `+pgx.Identifier{testDB(t, db)}.Sanitize()+` TO `+replQuoted)
+	t.Cleanup(func() {
+		_, _ = db.Exec(context.Background(), `REVOKE CREATE ON DATABASE `+pgx.Identifier{testDB(t, db)}.Sanitize()+` FROM `+replQuoted)
+	})
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "notmine")+` (id int PRIMARY KEY)`)
+	mustExec(t, db, `GRANT SELECT ON `+qualified(s, "notmine")+` TO `+replQuoted)
+	errs = (&Connector{}).Validate(testCtx(t), logicalConfig(testenv.Unique("logical-owner-"), urlAs(t, url, repl), s+".notmine"))
+	if msg := strings.Join(errs[KeyTables], " "); !strings.Contains(msg, "does not own") || !strings.Contains(msg, "publication") || len(errs[KeyURL]) > 0 {
+		t.Errorf("a table the role does not own: %v", errs)
+	}
+
 	// A publication of the connector's name that is not its own.
 	name = testenv.Unique("logical-taken-")
 	dropSlotAfter(t, db, name)
