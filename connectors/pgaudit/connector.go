@@ -609,6 +609,15 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 				errs[KeyURL] = append(errs[KeyURL], err.Error())
 			}
 			errs[KeyColumnExcludeList] = append(errs[KeyColumnExcludeList], exProblems...)
+			if s.logical && len(keyProblems) == 0 && err == nil {
+				rp, err := checkReplicaIdentity(ctx, conn, s)
+				if err != nil {
+					errs[KeyURL] = append(errs[KeyURL], err.Error())
+				}
+				for k, v := range rp {
+					errs[k] = append(errs[k], v...)
+				}
+			}
 		}
 	}
 	if s.logical {

@@ -126,6 +126,15 @@ func provisionLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connec
 		if len(xp) > 0 {
 			problems[KeyColumnExcludeList] = xp
 		}
+		if len(kp) == 0 {
+			rp, err := checkReplicaIdentity(ctx, conn, s)
+			if err != nil {
+				return err
+			}
+			for k, v := range rp {
+				problems[k] = append(problems[k], v...)
+			}
+		}
 	}
 	if err := configError(problems); err != nil {
 		return err
@@ -348,4 +357,89 @@ func logicalTaskConfig(s settings) connect.Config {
 		tc[KeyColumnExcludeList] = s.excludedRaw
 	}
 	return tc
+}
+
+// checkReplicaIdentity reports, by key, the configured tables (or leaf
+// partitions) whose replica identity does not fit logical decoding. A
+// table in a publication that publishes updates and deletes without a
+// replica identity (no primary key under REPLICA IDENTITY DEFAULT,
+// NOTHING, or USING INDEX of an index dropped since) makes every writer's
+// UPDATE and DELETE on it fail. And the old row of a delete (and of an
+// update that changes the key) holds the replica identity's columns only:
+// a record key of other columns (message.key.columns, or a primary key
+// under REPLICA IDENTITY USING INDEX of another index) would be lost.
+func checkReplicaIdentity(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, s settings) (map[string][]string, error) {
+	list := make([]string, len(s.tables))
+	for i, t := range s.tables {
+		list[i] = t.quoted()
+	}
+	rows, err := q.Query(ctx, `
+SELECT x.i, l.oid = c.oid, pg_catalog.format('%I.%I', ns.nspname, l.relname), l.relreplident::text,
+       CASE l.relreplident
+         WHEN 'f' THEN NULL
+         ELSE (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index ix
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY (ix.indkey)
+               WHERE ix.indrelid = l.oid AND CASE l.relreplident WHEN 'd' THEN ix.indisprimary WHEN 'i' THEN ix.indisreplident ELSE false END)
+       END,
+       coalesce((SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index ix
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY (ix.indkey)
+                 WHERE ix.indrelid = c.oid AND ix.indisprimary), '{}')
+FROM unnest($1::text[]) WITH ORDINALITY AS x(q, i)
+JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(x.q)
+-- a plain table is not in its own partition tree
+CROSS JOIN LATERAL (SELECT c.oid AS relid, 0 AS level
+                    UNION SELECT t.relid, t.level FROM pg_catalog.pg_partition_tree(c.oid) AS t) AS p
+JOIN pg_catalog.pg_class l ON l.oid = p.relid AND l.relkind = 'r'
+JOIN pg_catalog.pg_namespace ns ON ns.oid = l.relnamespace
+ORDER BY x.i, p.level, l.relname`, list)
+	if err != nil {
+		return nil, fmt.Errorf("reading the captured tables' replica identities: %w", err)
+	}
+	defer rows.Close()
+	problems := map[string][]string{}
+	for rows.Next() {
+		var (
+			i         int64
+			self      bool
+			leaf, rep string
+			identity  []string // nil: every column (FULL), or none
+			pk        []string
+		)
+		if err := rows.Scan(&i, &self, &leaf, &rep, &identity, &pk); err != nil {
+			return nil, err
+		}
+		tb := s.tables[i-1]
+		of := tb.quoted()
+		if !self {
+			of = fmt.Sprintf("partition %s of %s", leaf, tb.quoted())
+		}
+		if rep != "f" && len(identity) == 0 {
+			problems[KeyTables] = append(problems[KeyTables], fmt.Sprintf("%s has no replica identity (no primary key, REPLICA IDENTITY NOTHING, or the identity's index is gone): in the connector's publication every UPDATE and DELETE on it would fail (\"cannot update table ... because it does not have a replica identity and publishes updates\"): ALTER TABLE %s REPLICA IDENTITY FULL, or give it a primary key", of, leaf))
+			continue
+		}
+		if rep == "f" {
+			continue
+		}
+		key, custom := s.keyColumns[tb]
+		if !custom {
+			key = pk
+		}
+		var missing []string
+		for _, c := range key {
+			if !slices.Contains(identity, c) {
+				missing = append(missing, fmt.Sprintf("%q", c))
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		k, what := KeyTables, "its primary key's"
+		if custom {
+			k, what = KeyMessageKeyColumns, "the "+KeyMessageKeyColumns
+		}
+		problems[k] = append(problems[k], fmt.Sprintf("%s has a replica identity without %s column(s) %s: a DELETE's old row (and that of an UPDATE changing the key) holds only the replica identity's columns, so its record would have no key: ALTER TABLE %s REPLICA IDENTITY FULL", of, what, strings.Join(missing, ", "), leaf))
+	}
+	return problems, rows.Err()
 }

@@ -49,6 +49,9 @@ type logicalState struct {
 	nextXid   uint64
 	nextXidAt time.Time
 	byOID     map[uint32]tableName // configured tables by relation OID
+	// standby is how often the reader reports its position: within a
+	// third of the server's wal_sender_timeout.
+	standby time.Duration
 }
 
 // logicalTx is a streamed transaction whose records are not all
@@ -82,8 +85,9 @@ type logicalEvent struct {
 // logicalEventBuffer bounds the events the reader runs ahead of Poll.
 const logicalEventBuffer = 4096
 
-// standbyInterval is how often the reader reports its position (the
-// server ends a connection silent for wal_sender_timeout, 60 s by default).
+// standbyInterval is how often the reader reports its position at most
+// (the server ends a connection silent for wal_sender_timeout, 60 s by
+// default; a shorter one shortens it).
 var standbyInterval = 10 * time.Second
 
 func (t *Task) startLogical(ctx context.Context, s settings) error {
@@ -106,6 +110,17 @@ func (t *Task) startLogical(ctx context.Context, s settings) error {
 	if err != nil {
 		return fmt.Errorf("reading replication slot %s: %w", slot, err)
 	}
+	// The server ends a stream it has not heard from for
+	// wal_sender_timeout, which a walsender reads from the same role,
+	// database and server settings as this session.
+	var senderTimeoutMS int64
+	if err := t.pool.QueryRow(ctx, `SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'`).Scan(&senderTimeoutMS); err != nil {
+		return fmt.Errorf("reading wal_sender_timeout: %w", err)
+	}
+	lg.standby = standbyInterval
+	if senderTimeoutMS > 0 {
+		lg.standby = max(min(standbyInterval, time.Duration(senderTimeoutMS)*time.Millisecond/3), 100*time.Millisecond)
+	}
 	if confirmed != nil {
 		lsn, err := pglogrepl.ParseLSN(*confirmed)
 		if err != nil {
@@ -126,6 +141,13 @@ func (t *Task) startLogical(ctx context.Context, s settings) error {
 		return err
 	}
 	conn, err := startStream(ctx, cc, slot, pub, 0)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+		// Held by the walsender of an earlier instance that has not gone
+		// yet: the reader waits for it as when reconnecting.
+		t.host.Logger.Warn("replication slot in use; waiting for it", "slot", slot, "error", err)
+		conn, err = nil, nil
+	}
 	if err != nil {
 		return err
 	}
@@ -259,22 +281,23 @@ func (t *Task) logicalReader(ctx context.Context, lg *logicalState, cc *pgconn.C
 	defer close(lg.readerDone)
 	var pos streamPosition
 	backoff := 100 * time.Millisecond
+	var pgErr *pgconn.PgError
 	for {
-		progressed, err := t.stream(ctx, lg, &pos)
-		if ctx.Err() != nil {
-			return
-		}
-		var pgErr *pgconn.PgError
-		retry := transient(err) || (errors.As(err, &pgErr) && pgErr.Code == "55006")
-		if !retry {
-			lg.readerErr = err
-			return
-		}
-		if progressed {
-			backoff = 100 * time.Millisecond
-		}
-		t.host.Logger.Warn("replication stream lost; reconnecting", "error", err, "retry_in", backoff)
+		// No connection: the last reconnection failed, and is tried again.
 		if lg.conn != nil {
+			progressed, err := t.stream(ctx, lg, &pos)
+			if ctx.Err() != nil {
+				return
+			}
+			retry := transient(err) || (errors.As(err, &pgErr) && pgErr.Code == "55006")
+			if !retry {
+				lg.readerErr = err
+				return
+			}
+			if progressed {
+				backoff = 100 * time.Millisecond
+			}
+			t.host.Logger.Warn("replication stream lost; reconnecting", "error", err, "retry_in", backoff)
 			_ = lg.conn.Close(context.Background())
 			lg.conn = nil
 		}
@@ -288,7 +311,7 @@ func (t *Task) logicalReader(ctx context.Context, lg *logicalState, cc *pgconn.C
 				return
 			}
 			if transient(err) || (errors.As(err, &pgErr) && pgErr.Code == "55006") {
-				t.host.Logger.Warn("reconnecting the replication stream failed", "error", err)
+				t.host.Logger.Warn("reconnecting the replication stream failed", "error", err, "retry_in", backoff)
 				continue
 			}
 			lg.readerErr = err
@@ -307,14 +330,14 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 	conn := lg.conn
 	relations := map[uint32]*pglogrepl.RelationMessage{}
 	var received uint64
-	nextStatus := time.Now().Add(standbyInterval)
+	nextStatus := time.Now().Add(lg.standby)
 	status := func() error {
 		c := lg.confirmed.Load()
 		w := max(received, c)
 		if c == 0 {
 			c = 1 // 0 would make pglogrepl report the write position as flushed
 		}
-		nextStatus = time.Now().Add(standbyInterval)
+		nextStatus = time.Now().Add(lg.standby)
 		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: pglogrepl.LSN(w), WALFlushPosition: pglogrepl.LSN(c), WALApplyPosition: pglogrepl.LSN(c)})
 	}
@@ -524,6 +547,11 @@ func (t *Task) logicalPoll(ctx context.Context) ([]connect.SourceRecord, error) 
 	defer cancel()
 	defer context.AfterFunc(t.stopContext(), cancel)()
 	lg := t.lg
+	if time.Since(t.capturedAt) >= captureCheckInterval {
+		if err := t.checkPublished(ctx); err != nil {
+			return nil, err
+		}
+	}
 	evs := lg.held
 	lg.held = nil
 	changes := 0
@@ -917,8 +945,12 @@ WITH RECURSIVE d(oid, base) AS (
   SELECT x.oid, x.oid FROM unnest($1::oid[]) AS x(oid)
   UNION ALL
   SELECT d.oid, ty.typbasetype FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype = 'd')
-SELECT d.oid::int8, pg_catalog.format_type(d.base, NULL), d.base::int8
-FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base WHERE ty.typtype <> 'd'`, oids)
+-- The cast target by its schema and internal name, which takes no type
+-- modifier: format_type's SQL names would (character and bit are
+-- character(1) and bit(1), which cut 'abc' to 'a' and B'101' to B'1').
+SELECT d.oid::int8, pg_catalog.format('%I.%I', tn.nspname, ty.typname), d.base::int8
+FROM d JOIN pg_catalog.pg_type ty ON ty.oid = d.base JOIN pg_catalog.pg_namespace tn ON tn.oid = ty.typnamespace
+WHERE ty.typtype <> 'd'`, oids)
 	if err != nil {
 		return fmt.Errorf("reading column types: %w", err)
 	}
@@ -1009,4 +1041,50 @@ func (t *Task) logicalStopped(ctx context.Context) {
 	if t.pool != nil {
 		t.pool.Close()
 	}
+}
+
+// checkPublished fails the task when a table it captures exists under its
+// configured name but is not in the connector's publication: dropped and
+// made again, or swapped for another table (online schema-change tools
+// rename the original away and a copy into its place). A publication
+// holds tables, not names: nothing written to the new table is decoded,
+// and only a Start adds it. A name that is gone is no problem (a rename:
+// the table stays in the publication). A failed query is left to the
+// next check.
+func (t *Task) checkPublished(ctx context.Context) error {
+	schemas, names := splitNames(t.tables)
+	rows, err := t.pool.Query(ctx, `
+SELECT x.s, x.n
+FROM unnest($1::text[], $2::text[]) AS x(s, n)
+JOIN pg_catalog.pg_namespace ns ON ns.nspname = x.s
+JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n AND c.relkind IN ('r', 'p')
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+                  WHERE p.pubname = $3 AND pr.prrelid = c.oid)
+ORDER BY 1, 2`, schemas, names, t.lg.publication)
+	if err != nil {
+		return nil
+	}
+	var unpublished []string
+	for rows.Next() {
+		var tb tableName
+		if err := rows.Scan(&tb.Schema, &tb.Name); err != nil {
+			rows.Close()
+			return nil
+		}
+		unpublished = append(unpublished, tb.quoted())
+	}
+	rows.Close()
+	if rows.Err() != nil {
+		return nil
+	}
+	t.capturedAt = time.Now()
+	if len(unpublished) == 0 {
+		return nil
+	}
+	what := "table " + unpublished[0] + " is"
+	if len(unpublished) > 1 {
+		what = "tables " + strings.Join(unpublished, ", ") + " are"
+	}
+	return fmt.Errorf("%s not in this connector's publication %s: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start adds it to the publication",
+		what, t.lg.publication, t.s.name)
 }

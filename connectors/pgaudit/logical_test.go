@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
@@ -586,5 +588,319 @@ func TestLogicalSchemaChanges(t *testing.T) {
 		if a := jsonOf(t, want); !reflect.DeepEqual(anyMap(got[i].After), a) || got[i].Topic != "tc."+s+".sc" {
 			t.Errorf("change %d on %s: %v, want %v on tc.%s.sc", i, got[i].Topic, got[i].After, a, s)
 		}
+	}
+}
+
+// TestLogicalReplicaIdentityChecked: a table without a replica identity
+// (no primary key under REPLICA IDENTITY DEFAULT, a partition without
+// one) is refused, as its publication would make every UPDATE and DELETE
+// of the writers fail; so are message.key.columns outside the replica
+// identity, which a delete's old row lacks. REPLICA IDENTITY FULL is
+// accepted, and then a delete keeps its message.key.columns key.
+func TestLogicalReplicaIdentityChecked(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "nopk")+` (id int, v text)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "k")+` (id int PRIMARY KEY, code text NOT NULL)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "nopk")+` VALUES (1, 'a')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "k")+` VALUES (1, 'x')`)
+
+	for _, tt := range []struct {
+		table, key, keyColumns, want string
+	}{
+		{"nopk", KeyTables, "", `"nopk" has no replica identity`},
+		{"p", KeyTables, "", `partition`},
+		{"k", KeyMessageKeyColumns, s + ".k:code", `without the message.key.columns column(s) "code"`},
+	} {
+		name := testenv.Unique("logical-ident-")
+		dropSlotAfter(t, db, name)
+		cfg := logicalConfig(name, url, s+"."+tt.table)
+		if tt.keyColumns != "" {
+			cfg[KeyMessageKeyColumns] = tt.keyColumns
+		}
+		errs := (&Connector{}).Validate(testCtx(t), cfg)
+		if msg := strings.Join(errs[tt.key], " "); !strings.Contains(msg, tt.want) || !strings.Contains(msg, "REPLICA IDENTITY FULL") {
+			t.Errorf("%s: Validate %s: %v, want %q and the remedy", tt.table, tt.key, errs, tt.want)
+		}
+		if _, err := tryStart(t, cfg, connect.NewMemoryLedger()); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Start: %v, want %q", tt.table, err, tt.want)
+		}
+		if slot, pub := slotAndPublication(t, db, name); slot || pub {
+			t.Errorf("%s: a refused Start left slot %v publication %v", tt.table, slot, pub)
+		}
+	}
+	// The writers were not hurt.
+	mustExec(t, db, `UPDATE `+qualified(s, "nopk")+` SET v = 'b'`)
+
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "nopk")+` REPLICA IDENTITY FULL`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "k")+` REPLICA IDENTITY FULL`)
+	name := testenv.Unique("logical-ident-")
+	dropSlotAfter(t, db, name)
+	cfg := logicalConfig(name, url, s+".nopk", s+".k")
+	cfg[KeyMessageKeyColumns] = s + ".k:code"
+	if errs := (&Connector{}).Validate(testCtx(t), cfg); len(errs) > 0 {
+		t.Fatalf("REPLICA IDENTITY FULL: %v", errs)
+	}
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `UPDATE `+qualified(s, "nopk")+` SET v = 'c'`)
+	mustExec(t, db, `DELETE FROM `+qualified(s, "k"))
+	got := r.collect(2, true)
+	if got[0].Op != "u" || got[0].Before["v"] != jsonOf(t, `"b"`) {
+		t.Errorf("update of the table without a key: %+v", got[0])
+	}
+	if got[1].Op != "d" || !reflect.DeepEqual(anyMap(got[1].Key), jsonOf(t, `{"code":"x"}`)) {
+		t.Errorf("delete: op %s key %v, want the message.key.columns key", got[1].Op, got[1].Key)
+	}
+}
+
+// TestLogicalRenamedAndRecreatedTable: a captured table renamed while the
+// connector runs goes on being captured under its configured name, with
+// its key; a table made under the configured name meanwhile is not in the
+// publication, so the task fails telling to restart rather than let its
+// changes go uncaptured.
+func TestLogicalRenamedAndRecreatedTable(t *testing.T) {
+	db, url := logicalAdmin(t)
+	defer func(was time.Duration) { metaRefresh = was }(metaRefresh)
+	metaRefresh = 0
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "x")+` (id int PRIMARY KEY, v text)`)
+	name := testenv.Unique("logical-rename-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".x"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+qualified(s, "x")+` VALUES (1, 'a')`)
+	r.collect(1, true)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "x")+` RENAME TO y`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "y")+` VALUES (2, 'b')`)
+	got := r.collect(1, true)
+	if got[0].Topic != "tc."+s+".x" || !reflect.DeepEqual(anyMap(got[0].Key), jsonOf(t, `{"id":2}`)) {
+		t.Errorf("after the rename: topic %s key %v", got[0].Topic, got[0].Key)
+	}
+
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "x")+` (id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "x")+` VALUES (3, 'lost')`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+		recs, err := r.tasks[0].Poll(ctx)
+		cancel()
+		if err != nil {
+			if !strings.Contains(err.Error(), "not in this connector's publication") {
+				t.Errorf("Poll: %v, want the table named as not in the publication", err)
+			}
+			break
+		}
+		if len(recs) > 0 {
+			t.Fatalf("records %v of a table not in the publication", recs)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the task went on polling while a table under its configured name is not captured")
+		}
+	}
+}
+
+// TestLogicalServerRenderKeepsTypmods: an image the server renders (it
+// holds a type the task does not render) casts each text value to its
+// column's type without a type modifier: char(3) and bit(3) values come
+// out whole, not cut to one character (character and bit mean
+// character(1) and bit(1)).
+func TestLogicalServerRenderKeepsTypmods(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "m")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY, c char(3), ca char(2)[], b bit(3), ba bit(2)[], ip inet)`)
+	name := testenv.Unique("logical-typmod-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".m"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1, 'abc', '{ab,cd}', B'101', '{10,01}', '10.0.0.1')`)
+	var want string
+	if err := db.QueryRow(testCtx(t), `SELECT to_json(m)::text FROM `+tbl+` AS m`).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	got := r.collect(1, true)
+	if !reflect.DeepEqual(anyMap(got[0].After), jsonOf(t, want)) {
+		t.Errorf("after %v, want %s", got[0].After, want)
+	}
+}
+
+// TestLogicalReconnectRetriesFailedAttempts: a lost stream whose
+// reconnection fails (here: another client took the slot meanwhile) is
+// tried again with backoff, the task staying up, not failed by the first
+// attempt that fails; it resumes once the slot is free.
+func TestLogicalReconnectRetriesFailedAttempts(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "r")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-retry-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".r"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	r.collect(1, true)
+
+	// The stream is lost, and another client takes the slot before the
+	// task reconnects: its reconnections fail (the slot is active).
+	pub, slot := logicalNames(name)
+	cc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.RuntimeParams["replication"] = "database"
+	ctx := testCtx(t)
+	var holder *pgconn.PgConn
+	for attempt := 0; holder == nil && attempt < 20; attempt++ {
+		mustExec(t, db, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, ApplicationName(name, "stream-0"))
+		for end := time.Now().Add(90 * time.Millisecond); holder == nil && time.Now().Before(end); {
+			c, err := pgconn.ConnectConfig(ctx, cc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pglogrepl.StartReplication(ctx, c, slot, 0, pglogrepl.StartReplicationOptions{
+				Mode: pglogrepl.LogicalReplication, PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}}); err == nil {
+				holder = c
+			} else {
+				_ = c.Close(ctx)
+			}
+		}
+	}
+	if holder == nil {
+		t.Fatal("could not take the slot while the task reconnects")
+	}
+	defer func() { _ = holder.Close(context.Background()) }() // before the deletion
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
+		r.pollAll(true) // fails the test on a Poll error
+	}
+	_ = holder.Close(ctx)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	if got := r.collect(1, true); got[0].After["id"] != jsonOf(t, "2") {
+		t.Errorf("after reconnecting: %v", got[0].After)
+	}
+}
+
+// TestLogicalStartWaitsForHeldSlot: a task that starts while its slot is
+// still held (by the walsender of an earlier instance not gone yet) waits
+// for it rather than failing, and captures once the slot is free.
+func TestLogicalStartWaitsForHeldSlot(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "h")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-held-")
+	dropSlotAfter(t, db, name)
+	l := connect.NewMemoryLedger()
+	cfg := logicalConfig(name, url, s+".h")
+	r := startConnector(t, cfg, l)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	pub, slot := logicalNames(name)
+	cc, err := pgconn.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.RuntimeParams["replication"] = "database"
+	ctx := testCtx(t)
+	holder, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Close(context.Background()) }()
+	if err := pglogrepl.StartReplication(ctx, holder, slot, 0, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication, PluginArgs: []string{"proto_version '1'", "publication_names '" + pub + "'"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = tryStart(t, cfg, l)
+	if err != nil {
+		t.Fatalf("Start while the slot is held: %v", err)
+	}
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); {
+		r.pollAll(true)
+	}
+	_ = holder.Close(ctx)
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if got := r.collect(1, true); got[0].After["id"] != jsonOf(t, "1") {
+		t.Errorf("after the slot was freed: %v", got[0].After)
+	}
+}
+
+// TestLogicalSlowPollShortSenderTimeout: while Poll is slow (the reader
+// waits with a full buffer in the middle of a large transaction) the
+// reader reports often enough for the server's wal_sender_timeout, here
+// 2 s, below the 10 s default interval: the stream is not ended. Every
+// change comes once.
+func TestLogicalSlowPollShortSenderTimeout(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-wst-")
+	dropSlotAfter(t, db, name)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	cfg := logicalConfig(name, url+sep+"options=-c%20wal_sender_timeout%3D2000", s+".w")
+	cfg[KeyPollMaxRecords] = "1000"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	streamPID := func() int64 { // 0: none
+		pids := int64s(t, db, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, ApplicationName(name, "stream-0"))
+		if len(pids) > 1 {
+			t.Fatalf("stream connections %v, want one", pids)
+		}
+		return append(pids, 0)[0]
+	}
+	before := streamPID()
+	if before == 0 {
+		t.Fatal("no stream connection")
+	}
+	const rows = 2 * logicalEventBuffer
+	mustExec(t, db, `INSERT INTO `+tbl+` SELECT g FROM generate_series(1, $1) AS g`, rows)
+	time.Sleep(5 * time.Second) // no Poll: the reader's buffer is full
+	during := streamPID()
+	got := r.collect(rows, true)
+	seen := map[any]bool{}
+	for _, c := range got {
+		if seen[c.After["id"]] {
+			t.Fatalf("id %v twice", c.After["id"])
+		}
+		seen[c.After["id"]] = true
+	}
+	if len(got) != rows {
+		t.Errorf("%d changes, want %d", len(got), rows)
+	}
+	if after := streamPID(); during != before || after != before {
+		t.Errorf("the stream was ended (walsender %d, then %d, now %d; 0: none): the reader did not report within wal_sender_timeout", before, during, after)
 	}
 }
