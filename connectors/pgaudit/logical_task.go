@@ -239,6 +239,9 @@ func replicationConfig(s settings, task int) (*pgconn.Config, error) {
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > 10*time.Second {
 		cc.ConnectTimeout = 10 * time.Second
 	}
+	if replicationDial != nil {
+		cc.DialFunc = replicationDial
+	}
 	// An interrupted read must leave the stream usable: a deadline, not a
 	// cancel request.
 	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
@@ -246,6 +249,10 @@ func replicationConfig(s settings, task int) (*pgconn.Config, error) {
 	}
 	return cc, nil
 }
+
+// replicationDial, when set, opens the replication connections' sockets
+// (tests stall them).
+var replicationDial pgconn.DialFunc
 
 func startStream(ctx context.Context, cc *pgconn.Config, slot, pub string, from uint64) (*pgconn.PgConn, error) {
 	conn, err := pgconn.ConnectConfig(ctx, cc)
@@ -338,6 +345,15 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 			c = 1 // 0 would make pglogrepl report the write position as flushed
 		}
 		nextStatus = time.Now().Add(lg.standby)
+		// A server that stops reading (a full socket buffer) must not hold
+		// the reader: Stop could not end it. The deadline is set before
+		// ctx is looked at: Stop's AfterFunc moves it to now afterwards.
+		if err := conn.Conn().SetWriteDeadline(time.Now().Add(lg.standby)); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: pglogrepl.LSN(w), WALFlushPosition: pglogrepl.LSN(c), WALApplyPosition: pglogrepl.LSN(c)})
 	}
@@ -372,8 +388,8 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 	)
 	// Reads wait with a deadline on the socket rather than a context: a
 	// context per message cost the reader a third of its CPU. Stop moves
-	// the deadline to now.
-	defer context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })()
+	// both deadlines to now.
+	defer context.AfterFunc(ctx, func() { _ = conn.Conn().SetDeadline(time.Now()) })()
 	var deadline time.Time
 	for {
 		if !time.Now().Before(nextStatus) {
@@ -1028,6 +1044,8 @@ func (t *Task) logicalStopped(ctx context.Context) {
 	if lg.conn != nil {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		c := lg.confirmed.Load()
+		// The reader's stop moved the socket's deadlines to then.
+		_ = lg.conn.Conn().SetWriteDeadline(time.Now().Add(2 * time.Second))
 		if c > 0 {
 			if err := pglogrepl.SendStandbyStatusUpdate(sctx, lg.conn, pglogrepl.StandbyStatusUpdate{
 				WALWritePosition: pglogrepl.LSN(c), WALFlushPosition: pglogrepl.LSN(c), WALApplyPosition: pglogrepl.LSN(c)}); err != nil {

@@ -1,0 +1,156 @@
+package pgaudit
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// stallableConn is a socket whose writes can be made to block, as a
+// server that stopped reading (its receive window full) makes them: until
+// the write deadline, or forever without one.
+type stallableConn struct {
+	net.Conn
+	stalled       atomic.Bool
+	blocked       atomic.Int32 // writes held by the stall
+	writeDeadline atomic.Int64 // unix nanoseconds; 0: none
+}
+
+func (c *stallableConn) SetDeadline(t time.Time) error {
+	c.storeWriteDeadline(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *stallableConn) SetWriteDeadline(t time.Time) error {
+	c.storeWriteDeadline(t)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *stallableConn) storeWriteDeadline(t time.Time) {
+	if t.IsZero() {
+		c.writeDeadline.Store(0)
+	} else {
+		c.writeDeadline.Store(t.UnixNano())
+	}
+}
+
+func (c *stallableConn) Write(b []byte) (int, error) {
+	if c.stalled.Load() {
+		c.blocked.Add(1)
+		defer c.blocked.Add(-1)
+	}
+	for c.stalled.Load() {
+		if d := c.writeDeadline.Load(); d != 0 && time.Now().UnixNano() >= d {
+			return 0, &net.OpError{Op: "write", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return c.Conn.Write(b)
+}
+
+// TestLogicalStalledStatusWrite: a replication connection whose status
+// report cannot be written (the server stopped reading) neither holds the
+// reader, which reconnects and goes on capturing, nor Stopped.
+func TestLogicalStalledStatusWrite(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "w")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-stall-")
+	dropSlotAfter(t, db, name)
+
+	var mu sync.Mutex
+	var conns []*stallableConn
+	replicationDial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		sc := &stallableConn{Conn: c}
+		mu.Lock()
+		conns = append(conns, sc)
+		mu.Unlock()
+		return sc, nil
+	}
+	savedInterval := standbyInterval
+	standbyInterval = 300 * time.Millisecond
+	t.Cleanup(func() { replicationDial, standbyInterval = nil, savedInterval })
+	stallAll := func(on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.stalled.Store(on)
+		}
+	}
+	t.Cleanup(func() { stallAll(false) })
+	// awaitBlocked waits for a status report to block on the newest
+	// connection.
+	awaitBlocked := func() {
+		t.Helper()
+		mu.Lock()
+		last := conns[len(conns)-1]
+		mu.Unlock()
+		for deadline := time.Now().Add(10 * time.Second); last.blocked.Load() == 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no status report was attempted on the stalled connection within 10 s")
+			}
+		}
+	}
+
+	r := startConnector(t, logicalConfig(name, url, s+".w"), connect.NewMemoryLedger())
+	stopped := false
+	defer func() {
+		if !stopped {
+			stallAll(false)
+			_ = r.stop(true)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	if got := r.collect(1, true); len(got) != 1 || got[0].After["id"] != json.Number("1") {
+		t.Fatalf("before the stall: %+v", got)
+	}
+
+	// The stream's socket takes no more writes: the next status report
+	// blocks until its deadline, and the reader reconnects.
+	stallAll(true)
+	awaitBlocked()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	if got := r.collect(1, true); len(got) != 1 || got[0].After["id"] != json.Number("2") {
+		t.Fatalf("after the stall: %+v", got)
+	}
+	mu.Lock()
+	n := len(conns)
+	mu.Unlock()
+	if n < 2 {
+		t.Errorf("%d replication connections; the reader should have reconnected", n)
+	}
+
+	// Stop while a status report is blocked on the new connection too.
+	stallAll(true)
+	awaitBlocked()
+	done := make(chan error, 1)
+	go func() { done <- r.stop(true) }()
+	select {
+	case err := <-done:
+		stopped = true
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		stallAll(false)
+		<-done
+		stopped = true
+		t.Fatal("Stopped did not return within 30 s while a status report was blocked")
+	}
+	if slot, pub := slotAndPublication(t, db, name); slot || pub {
+		t.Errorf("after deletion: slot %v, publication %v", slot, pub)
+	}
+}
