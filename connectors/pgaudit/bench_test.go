@@ -303,40 +303,22 @@ func benchLogicalTables(b *testing.B, db *pgxpool.Pool, url string) (plain, capt
 // stops them (not a deletion), is called.
 func consume(b *testing.B, r *running) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, task := range r.tasks {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				recs, err := task.Poll(ctx)
-				if err != nil {
-					if ctx.Err() == nil {
-						b.Error(err)
-					}
-					return
-				}
-				if err := task.Commit(ctx, recs); err != nil && ctx.Err() == nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
+	wait := pollAndCommit(ctx, b, r.tasks)
 	return func() {
 		cancel()
-		wg.Wait()
+		wait()
 		if err := r.stop(false); err != nil {
 			b.Error(err)
 		}
 	}
 }
 
-func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed, explicit bool) {
-	plain, captured, r := benchTables(b, db, url, extra)
-	if consumed {
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
+// pollAndCommit polls and commits each task, as the worker does, until
+// ctx ends; wait waits for that.
+func pollAndCommit(ctx context.Context, b *testing.B, tasks []*Task) (wait func()) {
+	var wg sync.WaitGroup
+	for _, task := range tasks {
 		wg.Go(func() {
-			task := r.tasks[0]
 			for ctx.Err() == nil {
 				recs, err := task.Poll(ctx)
 				if err != nil {
@@ -351,7 +333,16 @@ func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect
 				}
 			}
 		})
-		defer func() { cancel(); wg.Wait() }()
+	}
+	return wg.Wait
+}
+
+func singleRowOverhead(b *testing.B, db *pgxpool.Pool, url string, extra connect.Config, consumed, explicit bool) {
+	plain, captured, r := benchTables(b, db, url, extra)
+	if consumed {
+		ctx, cancel := context.WithCancel(context.Background())
+		wait := pollAndCommit(ctx, b, r.tasks[:1])
+		defer func() { cancel(); wait() }()
 	}
 	singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured+`, `+auditTable(r), explicit)
 }

@@ -195,7 +195,15 @@ func newTaskPool(s settings, task int) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(s.url), KeyURL)
 	}
 	pc.ConnConfig.RuntimeParams["application_name"] = ApplicationName(s.name, fmt.Sprintf("task-%d", task))
+	// The task's session renders the row images as JSON: timestamptz values
+	// come out in UTC, whatever the writers' TimeZone was.
 	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	// The other settings to_json's output depends on are pinned too, as a
+	// database or role can default them otherwise: bytea in hex, dates in
+	// ranges in ISO, intervals as by default, and floats exact
+	// (extra_float_digits 0 would round them to 15 digits). Only DateStyle
+	// goes in the startup packet; the rest are set once connected, because
+	// poolers such as PgBouncer refuse startup parameters they do not track.
 	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO"
 	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		_, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('intervalstyle', 'postgres', false),
@@ -203,6 +211,9 @@ func newTaskPool(s settings, task int) (*pgxpool.Pool, error) {
        pg_catalog.set_config('extra_float_digits', '1', false)`)
 		return err
 	}
+	// The capture functions make images in UTF8, and records are UTF-8
+	// JSON: without this the session would take the database's (or the
+	// role's) default encoding, decode images by it and render in it.
 	pc.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
 	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
 		pc.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -1079,30 +1090,10 @@ JOIN pg_catalog.pg_class c ON c.relnamespace = ns.oid AND c.relname = x.n AND c.
 WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
                   WHERE p.pubname = $3 AND pr.prrelid = c.oid)
 ORDER BY 1, 2`, schemas, names, t.lg.publication)
-	if err != nil {
+	unpublished, ok := t.checkedTables(rows, err)
+	if !ok || len(unpublished) == 0 {
 		return nil
-	}
-	var unpublished []string
-	for rows.Next() {
-		var tb tableName
-		if err := rows.Scan(&tb.Schema, &tb.Name); err != nil {
-			rows.Close()
-			return nil
-		}
-		unpublished = append(unpublished, tb.quoted())
-	}
-	rows.Close()
-	if rows.Err() != nil {
-		return nil
-	}
-	t.capturedAt = time.Now()
-	if len(unpublished) == 0 {
-		return nil
-	}
-	what := "table " + unpublished[0] + " is"
-	if len(unpublished) > 1 {
-		what = "tables " + strings.Join(unpublished, ", ") + " are"
 	}
 	return fmt.Errorf("%s not in this connector's publication %s: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start adds it to the publication",
-		what, t.lg.publication, t.s.name)
+		tablesPhrase(unpublished, "is", "are"), t.lg.publication, t.s.name)
 }

@@ -226,40 +226,11 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.polled = nil
 	t.pendingProgress = map[int64]int{}
 
-	pc, err := pgxpool.ParseConfig(s.url)
+	pool, err := newTaskPool(s, t.host.Task)
 	if err != nil {
-		return fmt.Errorf("%s is not a valid libpq URL or DSN: fix %s", connect.MaskCredentials(s.url), KeyURL)
-	}
-	pc.ConnConfig.RuntimeParams["application_name"] = ApplicationName(s.name, fmt.Sprintf("task-%d", t.host.Task))
-	// The task's session renders the row images as JSON: timestamptz values
-	// come out in UTC, whatever the writers' TimeZone was.
-	pc.ConnConfig.RuntimeParams["timezone"] = "UTC"
-	// The other settings to_json's output depends on are pinned too, as a
-	// database or role can default them otherwise: bytea in hex, dates in
-	// ranges in ISO, intervals as by default, and floats exact
-	// (extra_float_digits 0 would round them to 15 digits). Only DateStyle
-	// goes in the startup packet; the rest are set once connected, because
-	// poolers such as PgBouncer refuse startup parameters they do not track.
-	pc.ConnConfig.RuntimeParams["datestyle"] = "ISO"
-	pc.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, `SELECT pg_catalog.set_config('intervalstyle', 'postgres', false),
-       pg_catalog.set_config('bytea_output', 'hex', false),
-       pg_catalog.set_config('extra_float_digits', '1', false)`)
 		return err
 	}
-	// The capture functions make images in UTF8, and records are UTF-8
-	// JSON: without this the session would take the database's (or the
-	// role's) default encoding, decode images by it and render in it.
-	pc.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
-	if pc.ConnConfig.ConnectTimeout == 0 || pc.ConnConfig.ConnectTimeout > 10*time.Second {
-		pc.ConnConfig.ConnectTimeout = 10 * time.Second
-	}
-	pc.MaxConns = 2
-	pc.MinConns = 0
-	t.pool, err = pgxpool.NewWithConfig(context.Background(), pc)
-	if err != nil {
-		return fmt.Errorf("creating the connection pool for %s: %w", connect.MaskCredentials(s.url), err)
-	}
+	t.pool = pool
 	if err := t.pool.QueryRow(ctx, `SELECT current_database()::text`).Scan(&t.db); err != nil {
 		return fmt.Errorf("connecting to PostgreSQL at %s (check %s and that the server is up): %w", connect.MaskCredentials(t.s.url), KeyURL, err)
 	}
@@ -1279,32 +1250,43 @@ WHERE NOT EXISTS (
 ORDER BY 1, 2`, schemas, names,
 		pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()",
 		pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()")
-	if err != nil {
+	uncaptured, ok := t.checkedTables(rows, err)
+	if !ok || len(uncaptured) == 0 {
 		return nil
 	}
-	var uncaptured []string
+	return fmt.Errorf("%s none of this connector's capture triggers filing changes under that name: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured under it; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs or renames the triggers",
+		tablesPhrase(uncaptured, "has", "have"), t.s.name)
+}
+
+// checkedTables reads the (schema, name) rows of a periodic check of the
+// captured tables, quoted. ok is false when the check failed, which is
+// left to the next one; else capturedAt moves on.
+func (t *Task) checkedTables(rows pgx.Rows, err error) (quoted []string, ok bool) {
+	if err != nil {
+		return nil, false
+	}
+	defer rows.Close()
 	for rows.Next() {
 		var tb tableName
 		if err := rows.Scan(&tb.Schema, &tb.Name); err != nil {
-			rows.Close()
-			return nil
+			return nil, false
 		}
-		uncaptured = append(uncaptured, tb.quoted())
+		quoted = append(quoted, tb.quoted())
 	}
-	rows.Close()
 	if rows.Err() != nil {
-		return nil
+		return nil, false
 	}
 	t.capturedAt = time.Now()
-	if len(uncaptured) == 0 {
-		return nil
+	return quoted, true
+}
+
+// tablesPhrase is "table a has" or "tables a, b have", with the verb's
+// singular and plural.
+func tablesPhrase(quoted []string, one, many string) string {
+	if len(quoted) == 1 {
+		return "table " + quoted[0] + " " + one
 	}
-	what := "table " + uncaptured[0] + " has"
-	if len(uncaptured) > 1 {
-		what = "tables " + strings.Join(uncaptured, ", ") + " have"
-	}
-	return fmt.Errorf("%s none of this connector's capture triggers filing changes under that name: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured under it; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs or renames the triggers",
-		what, t.s.name)
+	return "tables " + strings.Join(quoted, ", ") + " " + many
 }
 
 // commitAfterStop is how long a Commit may go on waiting for the database

@@ -355,3 +355,17 @@ func TestTransientConnectErrors(t *testing.T) {
 		t.Errorf("a database that does not exist: %v, transient %v", err, err != nil && transient(err))
 	}
 }
+
+func TestTablesPhrase(t *testing.T) {
+	for _, tc := range []struct {
+		quoted []string
+		want   string
+	}{
+		{[]string{`"s"."a"`}, `table "s"."a" is`},
+		{[]string{`"s"."a"`, `"s"."b"`}, `tables "s"."a", "s"."b" are`},
+	} {
+		if got := tablesPhrase(tc.quoted, "is", "are"); got != tc.want {
+			t.Errorf("tablesPhrase(%q) = %q, want %q", tc.quoted, got, tc.want)
+		}
+	}
+}
