@@ -1,13 +1,16 @@
 package pgaudit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,8 +92,40 @@ func baseConfig(name, url, auditSchema string, tables ...string) connect.Config 
 	}
 }
 
+// testLogs is where the hosts made by testHost log (warnings and up);
+// captureLogs points it at a buffer for one test.
+var testLogs io.Writer = os.Stderr
+
+// lockedBuffer is a log buffer that a task's goroutines write to while
+// the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// captureLogs collects what the hosts testHost makes from now on log,
+// until the test ends (also copied to stderr).
+func captureLogs(t testing.TB) *lockedBuffer {
+	b := &lockedBuffer{}
+	testLogs = io.MultiWriter(os.Stderr, b)
+	t.Cleanup(func() { testLogs = os.Stderr })
+	return b
+}
+
 func testHost(name string, task int, l connect.Ledger) *connect.Host {
-	lg := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	lg := slog.New(slog.NewTextHandler(testLogs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return &connect.Host{Connector: name, Task: task, Logger: lg.With("connector", name, "task", task), Ledger: l, RequestTaskReconfiguration: func() {}}
 }
 

@@ -368,6 +368,15 @@ func logicalTaskConfig(s settings) connect.Config {
 // update that changes the key) holds the replica identity's columns only:
 // a record key of other columns (message.key.columns, or a primary key
 // under REPLICA IDENTITY USING INDEX of another index) would be lost.
+//
+// A partitioned table's changes are published as its own
+// (publish_via_partition_root): a leaf's old row, logged by the leaf's
+// replica identity, is sent as the partitioned table's, whole if that one
+// is REPLICA IDENTITY FULL, else as its identity's columns. So the
+// partitioned table needs an identity of its own (else the old rows come
+// without columns), a leaf under a FULL one must be FULL too (else the
+// columns it does not log would come as nulls), and a leaf under one with
+// key columns must log them.
 func checkReplicaIdentity(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, s settings) (map[string][]string, error) {
@@ -376,7 +385,7 @@ func checkReplicaIdentity(ctx context.Context, q interface {
 		list[i] = t.quoted()
 	}
 	rows, err := q.Query(ctx, `
-SELECT x.i, l.oid = c.oid, pg_catalog.format('%I.%I', ns.nspname, l.relname), l.relreplident::text,
+SELECT x.i, l.oid = c.oid, l.relkind::text, pg_catalog.format('%I.%I', ns.nspname, l.relname), l.relreplident::text,
        CASE l.relreplident
          WHEN 'f' THEN NULL
          ELSE (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index ix
@@ -391,7 +400,7 @@ JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(x.q)
 -- a plain table is not in its own partition tree
 CROSS JOIN LATERAL (SELECT c.oid AS relid, 0 AS level
                     UNION SELECT t.relid, t.level FROM pg_catalog.pg_partition_tree(c.oid) AS t) AS p
-JOIN pg_catalog.pg_class l ON l.oid = p.relid AND l.relkind = 'r'
+JOIN pg_catalog.pg_class l ON l.oid = p.relid AND (l.relkind = 'r' OR l.oid = c.oid AND l.relkind = 'p')
 JOIN pg_catalog.pg_namespace ns ON ns.oid = l.relnamespace
 ORDER BY x.i, p.level, l.relname`, list)
 	if err != nil {
@@ -399,39 +408,57 @@ ORDER BY x.i, p.level, l.relname`, list)
 	}
 	defer rows.Close()
 	problems := map[string][]string{}
+	add := func(key, format string, args ...any) {
+		problems[key] = append(problems[key], fmt.Sprintf(format, args...))
+	}
+	// Of the configured partitioned table whose leaves come next.
+	var rootFull bool
+	var rootIdentity []string
 	for rows.Next() {
 		var (
-			i         int64
-			self      bool
-			leaf, rep string
-			identity  []string // nil: every column (FULL), or none
-			pk        []string
+			i                   int64
+			self                bool
+			kind, name, replica string
+			identity            []string // nil: every column (FULL), or none
+			pk                  []string
 		)
-		if err := rows.Scan(&i, &self, &leaf, &rep, &identity, &pk); err != nil {
+		if err := rows.Scan(&i, &self, &kind, &name, &replica, &identity, &pk); err != nil {
 			return nil, err
 		}
 		tb := s.tables[i-1]
-		of := tb.quoted()
+		full := replica == "f"
 		if !self {
-			of = fmt.Sprintf("partition %s of %s", leaf, tb.quoted())
-		}
-		if rep != "f" && len(identity) == 0 {
-			problems[KeyTables] = append(problems[KeyTables], fmt.Sprintf("%s has no replica identity (no primary key, REPLICA IDENTITY NOTHING, or the identity's index is gone): in the connector's publication every UPDATE and DELETE on it would fail (\"cannot update table ... because it does not have a replica identity and publishes updates\"): ALTER TABLE %s REPLICA IDENTITY FULL, or give it a primary key", of, leaf))
+			of := fmt.Sprintf("partition %s of %s", name, tb.quoted())
+			switch {
+			case !full && len(identity) == 0:
+				add(KeyTables, "%s has no replica identity (no primary key, REPLICA IDENTITY NOTHING, or the identity's index is gone): in the connector's publication every UPDATE and DELETE on it would fail (\"cannot update table ... because it does not have a replica identity and publishes updates\"): ALTER TABLE %s REPLICA IDENTITY FULL, or give it a primary key", of, name)
+			case rootFull && !full:
+				add(KeyTables, "%s is not REPLICA IDENTITY FULL while %s is: its changes are published as that table's, whose old rows are whole, but the partition logs only its key columns of them, so the others would come as nulls: ALTER TABLE %s REPLICA IDENTITY FULL", of, tb.quoted(), name)
+			case !rootFull && !full:
+				if missing := notIn(rootIdentity, identity); len(missing) > 0 {
+					add(KeyTables, "%s has a replica identity without column(s) %s of the replica identity of %s, whose old rows its changes are published as: they would come as nulls: ALTER TABLE %s REPLICA IDENTITY FULL", of, strings.Join(missing, ", "), tb.quoted(), name)
+				}
+			}
 			continue
 		}
-		if rep == "f" {
+		if kind == "p" {
+			rootFull, rootIdentity = full, identity
+			if !full && len(identity) == 0 {
+				add(KeyTables, "partitioned table %s has no replica identity of its own (no primary key, or REPLICA IDENTITY NOTHING): its partitions' changes are published as its own, so the old row of every UPDATE and DELETE would come without columns: ALTER TABLE %s REPLICA IDENTITY FULL, and the same for each partition", tb.quoted(), name)
+				continue
+			}
+		} else if !full && len(identity) == 0 {
+			add(KeyTables, "%s has no replica identity (no primary key, REPLICA IDENTITY NOTHING, or the identity's index is gone): in the connector's publication every UPDATE and DELETE on it would fail (\"cannot update table ... because it does not have a replica identity and publishes updates\"): ALTER TABLE %s REPLICA IDENTITY FULL, or give it a primary key", tb.quoted(), name)
+			continue
+		}
+		if full {
 			continue
 		}
 		key, custom := s.keyColumns[tb]
 		if !custom {
 			key = pk
 		}
-		var missing []string
-		for _, c := range key {
-			if !slices.Contains(identity, c) {
-				missing = append(missing, fmt.Sprintf("%q", c))
-			}
-		}
+		missing := notIn(key, identity)
 		if len(missing) == 0 {
 			continue
 		}
@@ -439,7 +466,18 @@ ORDER BY x.i, p.level, l.relname`, list)
 		if custom {
 			k, what = KeyMessageKeyColumns, "the "+KeyMessageKeyColumns
 		}
-		problems[k] = append(problems[k], fmt.Sprintf("%s has a replica identity without %s column(s) %s: a DELETE's old row (and that of an UPDATE changing the key) holds only the replica identity's columns, so its record would have no key: ALTER TABLE %s REPLICA IDENTITY FULL", of, what, strings.Join(missing, ", "), leaf))
+		add(k, "%s has a replica identity without %s column(s) %s: a DELETE's old row (and that of an UPDATE changing the key) holds only the replica identity's columns, so its record would have no key: ALTER TABLE %s REPLICA IDENTITY FULL", tb.quoted(), what, strings.Join(missing, ", "), name)
 	}
 	return problems, rows.Err()
+}
+
+// notIn are the columns of want not in have, quoted.
+func notIn(want, have []string) []string {
+	var missing []string
+	for _, c := range want {
+		if !slices.Contains(have, c) {
+			missing = append(missing, fmt.Sprintf("%q", c))
+		}
+	}
+	return missing
 }

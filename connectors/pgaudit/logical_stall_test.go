@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,5 +153,58 @@ func TestLogicalStalledStatusWrite(t *testing.T) {
 	}
 	if slot, pub := slotAndPublication(t, db, name); slot || pub {
 		t.Errorf("after deletion: slot %v, publication %v", slot, pub)
+	}
+}
+
+// TestLogicalPartitionWithoutIdentityWarned: a partition created after
+// Start under a partitioned table without a primary key has no replica
+// identity, and the publication makes its UPDATEs fail; the task warns,
+// naming it and the fix, once, and capture goes on once it is fixed.
+func TestLogicalPartitionWithoutIdentityWarned(t *testing.T) {
+	db, url := logicalAdmin(t)
+	logs := captureLogs(t)
+	s := newSchema(t, db)
+	p := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+p+` (id int, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+p+` FOR VALUES FROM (0) TO (10)`)
+	mustExec(t, db, `ALTER TABLE `+p+` REPLICA IDENTITY FULL`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p1")+` REPLICA IDENTITY FULL`)
+	name := testenv.Unique("logical-newpart-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".p"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (1, 'a')`)
+	r.collect(1, true)
+	if strings.Contains(logs.String(), "replica identity does not fit") {
+		t.Fatalf("warned before anything was wrong:\n%s", logs.String())
+	}
+
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "p2")+` PARTITION OF `+p+` FOR VALUES FROM (10) TO (20)`)
+	mustExec(t, db, `INSERT INTO `+p+` VALUES (11, 'b')`)
+	if _, err := db.Exec(testCtx(t), `UPDATE `+p+` SET v = 'c' WHERE id = 11`); err == nil || !strings.Contains(err.Error(), "replica identity") {
+		t.Fatalf("UPDATE of the new partition: %v; want PostgreSQL's replica identity error (the hazard warned of)", err)
+	}
+	r.collect(1, true)
+	r.pollAll(true)
+	out := logs.String()
+	if n := strings.Count(out, "replica identity does not fit"); n != 1 {
+		t.Fatalf("%d warnings, want one:\n%s", n, out)
+	}
+	if !strings.Contains(out, "partition "+s+".p2") || !strings.Contains(out, "REPLICA IDENTITY FULL") {
+		t.Errorf("the warning does not name the partition and the fix:\n%s", out)
+	}
+
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "p2")+` REPLICA IDENTITY FULL`)
+	mustExec(t, db, `UPDATE `+p+` SET v = 'c' WHERE id = 11`)
+	got := r.collect(1, true)
+	if got[0].Op != "u" || got[0].Before["v"] != "b" || got[0].After["v"] != "c" {
+		t.Errorf("the update after the fix: %+v", got[0])
+	}
+	if n := strings.Count(logs.String(), "replica identity does not fit"); n != 1 {
+		t.Errorf("%d warnings after the fix, want still one", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,6 +53,8 @@ type logicalState struct {
 	// standby is how often the reader reports its position: within a
 	// third of the server's wal_sender_timeout.
 	standby time.Duration
+	// identityWarned is what warnReplicaIdentity last warned of.
+	identityWarned string
 }
 
 // logicalTx is a streamed transaction whose records are not all
@@ -578,6 +581,7 @@ func (t *Task) logicalPoll(ctx context.Context) ([]connect.SourceRecord, error) 
 		if err := t.checkPublished(ctx); err != nil {
 			return nil, err
 		}
+		t.warnReplicaIdentity(ctx)
 	}
 	evs := lg.held
 	lg.held = nil
@@ -1096,4 +1100,27 @@ ORDER BY 1, 2`, schemas, names, t.lg.publication)
 	}
 	return fmt.Errorf("%s not in this connector's publication %s: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start adds it to the publication",
 		tablesPhrase(unpublished, "is", "are"), t.lg.publication, t.s.name)
+}
+
+// warnReplicaIdentity warns of captured tables whose replica identity
+// stopped fitting since Start checked them: mostly a partition created or
+// attached since, under a partitioned table without a primary key, which
+// gets no replica identity, so that the publication makes every UPDATE and
+// DELETE on it fail. The connector does not change the user's tables, and
+// failing the task would not help the writers: the warning names the
+// table and the fix, once for each new state.
+func (t *Task) warnReplicaIdentity(ctx context.Context) {
+	problems, err := checkReplicaIdentity(ctx, t.pool, t.s)
+	if err != nil {
+		return // left to the next check
+	}
+	var all []string
+	for _, k := range slices.Sorted(maps.Keys(problems)) {
+		all = append(all, problems[k]...)
+	}
+	text := strings.Join(all, "; ")
+	if text != "" && text != t.lg.identityWarned {
+		t.host.Logger.Warn("captured tables' replica identity does not fit the publication", "problems", text)
+	}
+	t.lg.identityWarned = text
 }

@@ -604,14 +604,29 @@ func TestLogicalReplicaIdentityChecked(t *testing.T) {
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "k")+` (id int PRIMARY KEY, code text NOT NULL)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p")+` (id int, v text) PARTITION BY RANGE (id)`)
 	mustExec(t, db, `CREATE TABLE `+qualified(s, "p1")+` PARTITION OF `+qualified(s, "p")+` FOR VALUES FROM (0) TO (100)`)
+	// FULL, with a partition that logs only its own key
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pf")+` (id int, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pf1")+` PARTITION OF `+qualified(s, "pf")+` FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pf2")+` PARTITION OF `+qualified(s, "pf")+` (PRIMARY KEY (id)) FOR VALUES FROM (100) TO (200)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "pf")+` REPLICA IDENTITY FULL`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "pf1")+` REPLICA IDENTITY FULL`)
+	// keyed, with a partition that logs every column
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pk")+` (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pk1")+` PARTITION OF `+qualified(s, "pk")+` FOR VALUES FROM (0) TO (100)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "pk2")+` PARTITION OF `+qualified(s, "pk")+` FOR VALUES FROM (100) TO (200)`)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "pk2")+` REPLICA IDENTITY FULL`)
 	mustExec(t, db, `INSERT INTO `+qualified(s, "nopk")+` VALUES (1, 'a')`)
 	mustExec(t, db, `INSERT INTO `+qualified(s, "k")+` VALUES (1, 'x')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "pf")+` VALUES (1, 'a'), (101, 'b')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "pk")+` VALUES (1, 'a'), (101, 'b')`)
 
 	for _, tt := range []struct {
 		table, key, keyColumns, want string
 	}{
 		{"nopk", KeyTables, "", `"nopk" has no replica identity`},
 		{"p", KeyTables, "", `partition`},
+		{"p", KeyTables, "", `partitioned table "` + s + `"."p" has no replica identity of its own`},
+		{"pf", KeyTables, "", `partition ` + s + `.pf2 of "` + s + `"."pf" is not REPLICA IDENTITY FULL while`},
 		{"k", KeyMessageKeyColumns, s + ".k:code", `without the message.key.columns column(s) "code"`},
 	} {
 		name := testenv.Unique("logical-ident-")
@@ -638,7 +653,8 @@ func TestLogicalReplicaIdentityChecked(t *testing.T) {
 	mustExec(t, db, `ALTER TABLE `+qualified(s, "k")+` REPLICA IDENTITY FULL`)
 	name := testenv.Unique("logical-ident-")
 	dropSlotAfter(t, db, name)
-	cfg := logicalConfig(name, url, s+".nopk", s+".k")
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "pf2")+` REPLICA IDENTITY FULL`)
+	cfg := logicalConfig(name, url, s+".nopk", s+".k", s+".pf", s+".pk")
 	cfg[KeyMessageKeyColumns] = s + ".k:code"
 	if errs := (&Connector{}).Validate(testCtx(t), cfg); len(errs) > 0 {
 		t.Fatalf("REPLICA IDENTITY FULL: %v", errs)
@@ -657,6 +673,20 @@ func TestLogicalReplicaIdentityChecked(t *testing.T) {
 	}
 	if got[1].Op != "d" || !reflect.DeepEqual(anyMap(got[1].Key), jsonOf(t, `{"code":"x"}`)) {
 		t.Errorf("delete: op %s key %v, want the message.key.columns key", got[1].Op, got[1].Key)
+	}
+	// Partitioned: whole old rows under FULL, in both partitions; the key
+	// columns under a primary key, also from the partition that logs more.
+	mustExec(t, db, `UPDATE `+qualified(s, "pf")+` SET v = v || '2'`)
+	mustExec(t, db, `DELETE FROM `+qualified(s, "pk"))
+	got = r.collect(4, true)
+	slices.SortStableFunc(got, func(a, b change) int { return strings.Compare(a.Topic, b.Topic) })
+	for i, want := range []struct{ op, before string }{
+		{"u", `{"id":1,"v":"a"}`}, {"u", `{"id":101,"v":"b"}`},
+		{"d", `{"id":1}`}, {"d", `{"id":101}`},
+	} {
+		if got[i].Op != want.op || !reflect.DeepEqual(anyMap(got[i].Before), jsonOf(t, want.before)) {
+			t.Errorf("partitioned change %d: op %s before %v, want %s %s", i, got[i].Op, got[i].Before, want.op, want.before)
+		}
 	}
 }
 
