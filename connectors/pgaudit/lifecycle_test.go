@@ -1213,6 +1213,14 @@ func TestFailedProvisioningReleasesUnderTheLock(t *testing.T) {
 	if rs, _ := l.List(testCtx(t)); len(rs) != 0 {
 		t.Errorf("ledger lists %v after a failed Start", rs)
 	}
+	// One transaction: what the attempt created before failing is gone.
+	var schema bool
+	if err := db.QueryRow(testCtx(t), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, cfg[KeyAuditSchema]).Scan(&schema); err != nil || schema {
+		t.Errorf("the audit schema is left after a failed Start (%v)", err)
+	}
+	if n := triggerCount(t, db, s, "a"); n != 0 {
+		t.Errorf("%d triggers left after a failed Start", n)
+	}
 }
 
 // TestStoppedRecordsDeliveredChanges: acknowledged changes whose DELETE
