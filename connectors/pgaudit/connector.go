@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,6 +35,9 @@ type Connector struct {
 	host    *connect.Host
 	s       settings
 	deleted bool
+	// oids are the configured tables' relation OIDs under
+	// capture.method=logical, read when the connector started.
+	oids []int64
 }
 
 var (
@@ -87,7 +91,17 @@ func (c *Connector) Start(ctx context.Context, cfg connect.Config) error {
 		if err := checkServerVersion(ctx, conn); err != nil {
 			return err
 		}
-		return provisionLogical(ctx, conn, s, h)
+		if err := provisionLogical(ctx, conn, s, h); err != nil {
+			return err
+		}
+		oids, err := tableOIDs(ctx, conn, s.tables)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.oids = oids
+		c.mu.Unlock()
+		return nil
 	}
 	if err := provision(ctx, conn, s, h); err != nil {
 		var pgErr *pgconn.PgError
@@ -122,7 +136,7 @@ func warnTwoPhaseCommit(ctx context.Context, conn *pgx.Conn, s settings, h *conn
 // TaskConfigs spreads the tables round-robin over at most maxTasks tasks.
 func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 	c.mu.Lock()
-	s := c.s
+	s, oids := c.s, c.oids
 	c.mu.Unlock()
 	if maxTasks < 1 {
 		maxTasks = 1
@@ -131,7 +145,15 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		maxTasks = s.tasksMax
 	}
 	if s.logical {
-		return []connect.Config{logicalTaskConfig(s)}, nil
+		tc := logicalTaskConfig(s)
+		if len(oids) == len(s.tables) {
+			list := make([]string, len(oids))
+			for i, o := range oids {
+				list[i] = strconv.FormatInt(o, 10)
+			}
+			tc[keyTaskTableOIDs] = strings.Join(list, ",")
+		}
+		return []connect.Config{tc}, nil
 	}
 	n := min(maxTasks, len(s.tables))
 	groups := make([][]tableName, n)

@@ -334,6 +334,20 @@ WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
 	}
 }
 
+// tableOIDs are the relation OIDs of tables (0: none of that name).
+func tableOIDs(ctx context.Context, conn *pgx.Conn, tables []tableName) ([]int64, error) {
+	list := make([]string, len(tables))
+	for i, t := range tables {
+		list[i] = t.quoted()
+	}
+	var oids []int64
+	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(coalesce(pg_catalog.to_regclass(x.q)::oid::int8, 0) ORDER BY x.i), '{}')
+FROM unnest($1::text[]) WITH ORDINALITY AS x(q, i)`, list).Scan(&oids); err != nil {
+		return nil, fmt.Errorf("looking up the captured tables: %w", err)
+	}
+	return oids, nil
+}
+
 // logicalTaskConfig is the one task's configuration: logical decoding
 // reads one slot, so one task reads every table.
 func logicalTaskConfig(s settings) connect.Config {

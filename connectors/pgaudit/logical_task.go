@@ -93,7 +93,7 @@ const logicalEventBuffer = 4096
 // default; a shorter one shortens it).
 var standbyInterval = 10 * time.Second
 
-func (t *Task) startLogical(ctx context.Context, s settings) error {
+func (t *Task) startLogical(ctx context.Context, s settings, oids string) error {
 	pub, slot := logicalNames(s.name)
 	lg := &logicalState{slot: slot, publication: pub, byLSN: map[uint64]*logicalTx{}, types: map[uint32]columnType{}, byOID: map[uint32]tableName{}}
 	pool, err := newTaskPool(s, t.host.Task)
@@ -131,14 +131,25 @@ func (t *Task) startLogical(ctx context.Context, s settings) error {
 		}
 		lg.confirmed.Store(uint64(lsn))
 	}
+	// The OIDs the connector read at its Start come first: a table
+	// renamed since is found by its OID, not its configured name.
+	if oids != "" {
+		if list := strings.Split(oids, ","); len(list) == len(t.tables) {
+			for i, v := range list {
+				if oid, err := strconv.ParseUint(v, 10, 32); err == nil && oid != 0 {
+					lg.byOID[uint32(oid)] = t.tables[i]
+				}
+			}
+		}
+	}
+	if err := t.resolveOIDs(ctx, t.tables); err != nil {
+		return err
+	}
 	t.meta = map[tableName]*tableMeta{}
 	if err := t.loadMeta(ctx, t.tables, false); err != nil {
 		return err
 	}
 	t.metaAt = time.Now()
-	if err := t.resolveOIDs(ctx, t.tables); err != nil {
-		return err
-	}
 	cc, err := replicationConfig(s, t.host.Task)
 	if err != nil {
 		return err
@@ -183,7 +194,7 @@ func (t *Task) resolveOIDs(ctx context.Context, tables []tableName) error {
 		if err := rows.Scan(&i, &oid); err != nil {
 			return err
 		}
-		if oid != nil {
+		if oid != nil && !slices.Contains(slices.Collect(maps.Values(t.lg.byOID)), tables[i-1]) {
 			t.lg.byOID[uint32(*oid)] = tables[i-1]
 		}
 	}
@@ -761,12 +772,16 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 		return groups[im.group].out[im.index]
 	}
 	recs := make([]connect.SourceRecord, 0, len(changes))
-	for _, c := range changes {
+	var stale []int // records whose image lacks a key column
+	for i, c := range changes {
 		m := t.logicalMetaOf(c.ev.rel)
 		before, after := img(c.before, c.beforeJSON), img(c.after, c.afterJSON)
 		var key []byte
 		if c.ev.op != "t" {
-			key, _ = m.key(c.ev.op, before, after)
+			var complete bool
+			if key, complete = m.key(c.ev.op, before, after); !complete {
+				stale = append(stale, i)
+			}
 		}
 		txid := strconv.FormatUint(fullXid(c.ev.xid, lg.nextXid), 10)
 		recs = append(recs, connect.SourceRecord{
@@ -778,6 +793,30 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 			Value:           m.envelope(c.ev.op, before, after, txid, int64(c.ev.seq), c.ev.at.UnixMilli()),
 			Timestamp:       c.ev.at,
 		})
+	}
+	if len(stale) > 0 {
+		// A key column was renamed or dropped since the key was read: read
+		// it again and key those changes by the current one. Still without
+		// one (a change made before the rename): no key, as under triggers.
+		// {"id":null} would be one key shared by all such changes (a
+		// compacted topic keeps only the last).
+		var tables []tableName
+		for _, i := range stale {
+			if tb := t.logicalTableOf(changes[i].ev.rel); !slices.Contains(tables, tb) {
+				tables = append(tables, tb)
+			}
+		}
+		if err := t.loadMeta(ctx, tables, true); err != nil {
+			return nil, err
+		}
+		for _, i := range stale {
+			c := changes[i]
+			key, complete := t.logicalMetaOf(c.ev.rel).key(c.ev.op, img(c.before, c.beforeJSON), img(c.after, c.afterJSON))
+			if !complete {
+				key = nil
+			}
+			recs[i].Key = key
+		}
 	}
 	if t.s.tombstones {
 		recs = withTombstones(recs, func(i int) recordChange {
@@ -950,11 +989,16 @@ func (t *Task) logicalMeta(ctx context.Context, rels []*pglogrepl.RelationMessag
 }
 
 func (t *Task) logicalMetaOf(rel *pglogrepl.RelationMessage) *tableMeta {
-	tb, ok := t.lg.byOID[rel.RelationID]
-	if !ok {
-		tb = tableName{rel.Namespace, rel.RelationName}
+	return t.meta[t.logicalTableOf(rel)]
+}
+
+// logicalTableOf is the configured table whose changes rel describes (its
+// own name if none is).
+func (t *Task) logicalTableOf(rel *pglogrepl.RelationMessage) tableName {
+	if tb, ok := t.lg.byOID[rel.RelationID]; ok {
+		return tb
 	}
-	return t.meta[tb]
+	return tableName{rel.Namespace, rel.RelationName}
 }
 
 // columnType is a column type's base type (a domain's, else its own):
@@ -1017,7 +1061,10 @@ func (g *renderGroup) sql(types map[uint32]columnType) (string, error) {
 		ct, ok := types[c.DataType]
 		typ := ct.name
 		if !ok {
-			return "", fmt.Errorf("column %q of %s.%s has type %d, which no longer exists", c.Name, g.rel.Namespace, g.rel.RelationName, c.DataType)
+			// Dropped since the change (with its column): the walsender
+			// rendered the value by the type of then, and its text is all
+			// there is. Failing would fail every restart on this change.
+			typ = "pg_catalog.text"
 		}
 		cols = append(cols, fmt.Sprintf("(j.v ->> %d)::%s AS %s", k, typ, pgx.Identifier{c.Name}.Sanitize()))
 		k++

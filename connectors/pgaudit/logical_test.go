@@ -2,6 +2,7 @@ package pgaudit
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -933,4 +934,35 @@ func TestLogicalSlowPollShortSenderTimeout(t *testing.T) {
 	if after := streamPID(); during != before || after != before {
 		t.Errorf("the stream was ended (walsender %d, then %d, now %d; 0: none): the reader did not report within wal_sender_timeout", before, during, after)
 	}
+}
+
+// TestLogicalTaskStartedAfterARename: a task that starts after a captured
+// table was renamed (a task restart, the connector's configuration still
+// naming the old name) goes on capturing it under its configured name,
+// with its key: both the changes made before the rename that it sends
+// again and the ones made after.
+func TestLogicalTaskStartedAfterARename(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "x")+` (id int PRIMARY KEY, v text)`)
+	name := testenv.Unique("logical-renrestart-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".x"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+qualified(s, "x")+` VALUES (1, 'before the rename, not acknowledged')`)
+	r.pollUncommitted(1)
+	mustExec(t, db, `ALTER TABLE `+qualified(s, "x")+` RENAME TO y`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "y")+` VALUES (2, 'after the rename')`)
+	r.restartTask()
+	got := r.collect(2, true)
+	for i, c := range got {
+		if want := jsonOf(t, fmt.Sprintf(`{"id":%d}`, i+1)); c.Topic != "tc."+s+".x" || !reflect.DeepEqual(anyMap(c.Key), want) {
+			t.Errorf("change %d: topic %s key %v, want topic tc.%s.x and key %v", i+1, c.Topic, c.Key, s, want)
+		}
+	}
+	r.quiet()
 }

@@ -55,6 +55,11 @@ const (
 	// runs, so a task can tell the wakeup rows of tasks that no longer
 	// exist.
 	keyTaskCount = "task.count"
+	// keyTaskTableOIDs is set by TaskConfigs under capture.method=logical:
+	// the relation OIDs of the tables (in their order) when the connector
+	// started, so that a task started after a rename still knows which
+	// table in the publication is which configured one.
+	keyTaskTableOIDs = "task.table.oids"
 )
 
 // Plugin returns the pgaudit plugin.

@@ -202,7 +202,7 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 	t.s, t.n = s, objectNames(s.name)
 	t.tables = s.tables
 	if s.logical {
-		return t.startLogical(ctx, s)
+		return t.startLogical(ctx, s, cfg[keyTaskTableOIDs])
 	}
 	if v := cfg[keyTaskTables]; v != "" {
 		ts, err := parseTables(v)
@@ -278,6 +278,12 @@ func (t *Task) start(ctx context.Context, cfg connect.Config) error {
 // read before).
 func (t *Task) loadMeta(ctx context.Context, tables []tableName, keepGone bool) error {
 	schemas, names := splitNames(tables)
+	oids, oidSchemas, oidNames := []int64{}, []string{}, []string{}
+	if t.lg != nil {
+		for oid, tb := range t.lg.byOID {
+			oids, oidSchemas, oidNames = append(oids, int64(oid)), append(oidSchemas, tb.Schema), append(oidNames, tb.Name)
+		}
+	}
 	rows, err := t.pool.Query(ctx, `
 SELECT x.s, x.n, coalesce((
   SELECT array_agg(a.attname::text ORDER BY k.ord)
@@ -306,6 +312,10 @@ FROM unnest($1::text[], $2::text[]) AS x(s, n)
 -- would decode them wrongly. COALESCE scans the triggers only for a name
 -- that is gone or taken over; the first lookup uses pg_trigger's index.
 LEFT JOIN pg_catalog.pg_class c ON c.oid = coalesce(
+  -- Under capture.method=logical: the table in the publication under
+  -- this configured name, wherever it was renamed to since.
+  (SELECT r.oid FROM unnest($5::int8[], $6::text[], $7::text[]) AS o(oid, s, n)
+   JOIN pg_catalog.pg_class r ON r.oid = o.oid::oid WHERE o.s = x.s AND o.n = x.n),
   (SELECT r.oid FROM pg_catalog.pg_class r JOIN pg_catalog.pg_namespace ns ON ns.oid = r.relnamespace
    WHERE ns.nspname = x.s AND r.relname = x.n
      AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
@@ -323,7 +333,7 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = coalesce(
    WHERE ns.nspname = x.s AND r.relname = x.n))
 LEFT JOIN pg_catalog.pg_type ty ON ty.oid = c.reltype`, schemas, names,
 		pgx.Identifier{t.s.auditSchema, t.n.function}.Sanitize()+"()",
-		pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()")
+		pgx.Identifier{t.s.auditSchema, t.n.rowFunction}.Sanitize()+"()", oids, oidSchemas, oidNames)
 	if err != nil {
 		return fmt.Errorf("reading the primary keys and columns of the captured tables: %w", err)
 	}
