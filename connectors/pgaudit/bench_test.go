@@ -103,27 +103,23 @@ func BenchmarkWriteOverhead(b *testing.B) {
 
 		b.Run("bulk_update_200k"+suffix, func(b *testing.B) {
 			plain, captured, r := benchTables(b, db, url, extra)
-			mustExec(b, db, insertSQL(plain))
-			mustExec(b, db, insertSQL(captured))
-			var tp, tc time.Duration
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				mustExec(b, db, `TRUNCATE `+auditTable(r))
-				mustExec(b, db, `VACUUM `+plain)
-				mustExec(b, db, `VACUUM `+captured)
-				mustExec(b, db, `CHECKPOINT`)
-				b.StartTimer()
-				if i%2 == 0 {
-					tp += timed(b, db, `UPDATE `+plain+` SET a = a + 1, b = b || 'x'`)
-					tc += timed(b, db, `UPDATE `+captured+` SET a = a + 1, b = b || 'x'`)
-				} else {
-					tc += timed(b, db, `UPDATE `+captured+` SET a = a + 1, b = b || 'x'`)
-					tp += timed(b, db, `UPDATE `+plain+` SET a = a + 1, b = b || 'x'`)
-				}
-			}
-			report(b, tp, tc)
+			bulkUpdateRounds(b, db, plain, captured, `TRUNCATE `+auditTable(r))
 		})
 	}
+
+	// capture.method=logical with its slot in place and nobody reading it:
+	// what the writers pay (WAL kept, nothing decoded), the measurement of
+	// the trigger variants above.
+	b.Run("bulk_insert_200k_logical_slot_only", func(b *testing.B) {
+		plain, captured, r := benchLogicalTables(b, db, url)
+		stopTasks(b, r)
+		bulkInsertRounds(b, db, plain, captured, captured)
+	})
+	b.Run("bulk_update_200k_logical_slot_only", func(b *testing.B) {
+		plain, captured, r := benchLogicalTables(b, db, url)
+		stopTasks(b, r)
+		bulkUpdateRounds(b, db, plain, captured, "")
+	})
 
 	// Partitioned tables are captured row by row (docs/decisions/0048).
 	b.Run("bulk_insert_200k_partitioned", func(b *testing.B) {
@@ -190,11 +186,7 @@ END $$`)
 	// the clients.
 	b.Run("single_row_tx_4_clients_logical_slot_only", func(b *testing.B) {
 		plain, captured, r := benchLogicalTables(b, db, url)
-		for _, task := range r.tasks {
-			task.Stop(false)
-			_ = task.Stopped(testCtx(b))
-		}
-		r.tasks = nil
+		stopTasks(b, r)
 		singleRowRounds(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured, false)
 	})
 	b.Run("single_row_tx_4_clients_logical_consumed", func(b *testing.B) {
@@ -224,11 +216,7 @@ END $$`)
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		for _, task := range r.tasks {
-			task.Stop(false)
-			_ = task.Stopped(testCtx(b))
-		}
-		r.tasks = nil
+		stopTasks(b, r)
 		singleRowRoundsWith(b, db, plain, captured, `TRUNCATE `+plain+`, `+captured, false, prepare)
 		if stopConsuming != nil {
 			stopConsuming()
@@ -273,6 +261,42 @@ func bulkInsertRounds(b *testing.B, db *pgxpool.Pool, plain, captured, log strin
 		}
 	}
 	report(b, tp, tc)
+}
+
+// bulkUpdateRounds updates every row of plain and captured in turn (200k,
+// inserted once), running reset (if any), VACUUM and CHECKPOINT before
+// each round, and reports the ratio.
+func bulkUpdateRounds(b *testing.B, db *pgxpool.Pool, plain, captured, reset string) {
+	mustExec(b, db, insertSQL(plain))
+	mustExec(b, db, insertSQL(captured))
+	var tp, tc time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if reset != "" {
+			mustExec(b, db, reset)
+		}
+		mustExec(b, db, `VACUUM `+plain)
+		mustExec(b, db, `VACUUM `+captured)
+		mustExec(b, db, `CHECKPOINT`)
+		b.StartTimer()
+		if i%2 == 0 {
+			tp += timed(b, db, `UPDATE `+plain+` SET a = a + 1, b = b || 'x'`)
+			tc += timed(b, db, `UPDATE `+captured+` SET a = a + 1, b = b || 'x'`)
+		} else {
+			tc += timed(b, db, `UPDATE `+captured+` SET a = a + 1, b = b || 'x'`)
+			tp += timed(b, db, `UPDATE `+plain+` SET a = a + 1, b = b || 'x'`)
+		}
+	}
+	report(b, tp, tc)
+}
+
+// stopTasks stops r's tasks (not a deletion): the slot stays, unread.
+func stopTasks(b *testing.B, r *running) {
+	for _, task := range r.tasks {
+		task.Stop(false)
+		_ = task.Stopped(testCtx(b))
+	}
+	r.tasks = nil
 }
 
 // benchLogicalTables is benchTables under capture.method=logical.
@@ -648,8 +672,17 @@ func commitToAckLatency(b *testing.B, logical bool) {
 
 // BenchmarkDelete50Tables: deleting a connector that captures 50 tables,
 // from Stop(true) until every object is gone.
-func BenchmarkDelete50Tables(b *testing.B) {
+func BenchmarkDelete50Tables(b *testing.B) { delete50Tables(b, false) }
+
+// BenchmarkDelete50TablesLogical is BenchmarkDelete50Tables under
+// capture.method=logical: the slot and the publication.
+func BenchmarkDelete50TablesLogical(b *testing.B) { delete50Tables(b, true) }
+
+func delete50Tables(b *testing.B, logical bool) {
 	db, url := admin(b)
+	if logical {
+		logicalAdmin(b)
+	}
 	s := newSchema(b, db)
 	var tables []string
 	for i := range 50 {
@@ -661,7 +694,12 @@ func BenchmarkDelete50Tables(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		l := connect.NewMemoryLedger()
-		r := startConnector(b, baseConfig(testenv.Unique("del50-"), url, auditSchemaFor(b, db), tables...), l)
+		cfg := baseConfig(testenv.Unique("del50-"), url, auditSchemaFor(b, db), tables...)
+		if logical {
+			cfg = logicalConfig(testenv.Unique("del50-"), url, tables...)
+			dropSlotAfter(b, db, cfg["name"])
+		}
+		r := startConnector(b, cfg, l)
 		owned, _ := l.List(context.Background())
 		b.StartTimer()
 		start := time.Now()
@@ -678,7 +716,11 @@ func BenchmarkDelete50Tables(b *testing.B) {
 		// 4 triggers per table; schema, audit table, wake-up table and
 		// its sequence, the statement- and row-level functions, and the
 		// commit-order function and its trigger (the default order).
-		if want := 50*4 + 8; len(owned) != want {
+		want := 50*4 + 8
+		if logical {
+			want = 2
+		}
+		if len(owned) != want {
 			b.Fatalf("owned %d objects, want %d", len(owned), want)
 		}
 		b.StartTimer()

@@ -31,6 +31,12 @@ func resourceExists(ctx context.Context, db *pgxpool.Pool, r connect.Resource) (
 			err = db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2)`, pgx.Identifier(parts).Sanitize(), r.Name).Scan(&ok)
 		}
 		return ok, err
+	case KindReplicationSlot:
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, r.Name).Scan(&ok)
+		return ok, err
+	case KindPublication:
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, r.Name).Scan(&ok)
+		return ok, err
 	}
 	return false, fmt.Errorf("unknown resource kind %q", r.Kind)
 }
