@@ -3,6 +3,7 @@ package pgaudit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -10,6 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tidyconnect/tidyconnect/internal/testenv"
 	"github.com/tidyconnect/tidyconnect/runtime/connect"
@@ -207,4 +211,100 @@ func TestLogicalPartitionWithoutIdentityWarned(t *testing.T) {
 	if n := strings.Count(logs.String(), "replica identity does not fit"); n != 1 {
 		t.Errorf("%d warnings after the fix, want still one", n)
 	}
+}
+
+// TestLogicalConfirmedNeverMovesBack: a task instance that started while
+// an earlier one still held the slot (as after the worker gave up waiting
+// for it) does not report the older position it read at its Start once it
+// gets the slot: a server that takes reported positions as they come
+// would move the slot back, and send again what the earlier instance had
+// delivered.
+func TestLogicalConfirmedNeverMovesBack(t *testing.T) {
+	db, url := logicalAdmin(t)
+	savedInterval := standbyInterval
+	standbyInterval = 200 * time.Millisecond
+	t.Cleanup(func() { standbyInterval = savedInterval })
+	s := newSchema(t, db)
+	tbl := qualified(s, "c")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-back-")
+	dropSlotAfter(t, db, name)
+	_, slot := logicalNames(name)
+	r := startConnector(t, logicalConfig(name, url, s+".c"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	r.collect(1, true)
+
+	// A second instance starts while the first holds the slot: it waits.
+	tcs, err := r.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := &Task{}
+	hctx := connect.WithHost(testCtx(t), testHost(r.name, 0, r.ledger))
+	if err := second.Start(hctx, tcs[0]); err != nil {
+		t.Fatal(err)
+	}
+	startedAt := second.lg.confirmed.Load()
+
+	// The first delivers more, and goes.
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	r.collect(1, true)
+	first := r.tasks[0]
+	for deadline := time.Now().Add(10 * time.Second); first.lg.confirmed.Load() <= startedAt; r.pollAll(true) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first instance did not confirm its delivery within 10 s")
+		}
+	}
+	first.Stop(false)
+	if err := first.Stopped(hctx); err != nil {
+		t.Fatal(err)
+	}
+	r.tasks[0] = second
+	lsnOf := func(q string) uint64 {
+		var v *string
+		if err := db.QueryRow(testCtx(t), q, slot).Scan(&v); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if v == nil {
+			return 0
+		}
+		lsn, err := pglogrepl.ParseLSN(*v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint64(lsn)
+	}
+	const slotConfirmed = `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`
+	delivered := lsnOf(slotConfirmed)
+	if delivered <= startedAt {
+		t.Fatalf("the first instance's delivery did not move the slot (%d, %d at the second's Start)", delivered, startedAt)
+	}
+
+	// The second takes the slot and reports its position.
+	const reported = `SELECT r.flush_lsn::text FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`
+	for deadline := time.Now().Add(20 * time.Second); lsnOf(reported) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second instance did not take the slot and report within 20 s")
+		}
+	}
+	// PostgreSQL 15.20 here keeps the slot where it is when a reader
+	// reports less; earlier releases took the position as reported.
+	if got := lsnOf(reported); got < delivered {
+		t.Errorf("the second instance reported %s, behind the slot's %s (its position at its Start: %s)",
+			pglogrepl.LSN(got), pglogrepl.LSN(delivered), pglogrepl.LSN(startedAt))
+	}
+	if got := lsnOf(slotConfirmed); got < delivered {
+		t.Errorf("the slot moved back from %s to %s (the second instance's position at its Start: %s)",
+			pglogrepl.LSN(delivered), pglogrepl.LSN(got), pglogrepl.LSN(startedAt))
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (3)`)
+	if got := r.collect(1, true); got[0].After["id"] != json.Number("3") {
+		t.Errorf("the second instance sent %v first, want only id 3", got[0].After)
+	}
+	r.quiet()
 }

@@ -360,6 +360,7 @@ func (t *Task) stream(ctx context.Context, lg *logicalState, pos *streamPosition
 		return false, errors.New("no replication connection")
 	}
 	conn := lg.conn
+	t.syncConfirmed(ctx, lg)
 	relations := map[uint32]*pglogrepl.RelationMessage{}
 	var received uint64
 	nextStatus := time.Now().Add(lg.standby)
@@ -935,14 +936,41 @@ func (lg *logicalState) advance() {
 		if !tx.complete || tx.remaining > 0 {
 			break
 		}
-		if tx.endLSN > lg.confirmed.Load() {
-			lg.confirmed.Store(tx.endLSN)
-		}
+		lg.raiseConfirmed(tx.endLSN)
 		if tx.commitLSN != 0 {
 			delete(lg.byLSN, tx.commitLSN)
 		}
 	}
 	lg.pending = lg.pending[n:]
+}
+
+// raiseConfirmed moves the confirmed position to lsn unless it is past
+// it already (the reader raises it too, see syncConfirmed).
+func (lg *logicalState) raiseConfirmed(lsn uint64) {
+	for {
+		c := lg.confirmed.Load()
+		if lsn <= c || lg.confirmed.CompareAndSwap(c, lsn) {
+			return
+		}
+	}
+}
+
+// syncConfirmed raises the confirmed position to the slot's, read once
+// the stream holds the slot: an earlier instance of the task that held it
+// meanwhile (one the worker gave up waiting for) may have confirmed more
+// than the slot showed at this one's Start. PostgreSQL takes whatever
+// position a reader reports, so reporting less would move the slot back,
+// and the changes in between would be sent again after the next
+// reconnection. Best effort: a failed read leaves the position as it is.
+func (t *Task) syncConfirmed(ctx context.Context, lg *logicalState) {
+	var confirmed *string
+	err := t.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, lg.slot).Scan(&confirmed)
+	if err != nil || confirmed == nil {
+		return
+	}
+	if lsn, err := pglogrepl.ParseLSN(*confirmed); err == nil {
+		lg.raiseConfirmed(uint64(lsn))
+	}
 }
 
 // logicalCommit counts the acknowledged records out of their
