@@ -1,7 +1,6 @@
 package pgaudit
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"maps"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,29 +94,10 @@ func baseConfig(name, url, auditSchema string, tables ...string) connect.Config 
 // captureLogs points it at a buffer for one test.
 var testLogs io.Writer = os.Stderr
 
-// lockedBuffer is a log buffer that a task's goroutines write to while
-// the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // captureLogs collects what the hosts testHost makes from now on log,
 // until the test ends (also copied to stderr).
-func captureLogs(t testing.TB) *lockedBuffer {
-	b := &lockedBuffer{}
+func captureLogs(t testing.TB) *testenv.SyncBuffer {
+	b := &testenv.SyncBuffer{}
 	testLogs = io.MultiWriter(os.Stderr, b)
 	t.Cleanup(func() { testLogs = os.Stderr })
 	return b
