@@ -402,12 +402,15 @@ func checkReplicaIdentity(ctx context.Context, q interface {
 SELECT x.i, l.oid = c.oid, l.relkind::text, pg_catalog.format('%I.%I', ns.nspname, l.relname), l.relreplident::text,
        CASE l.relreplident
          WHEN 'f' THEN NULL
+         -- an index's key columns: PostgreSQL logs no INCLUDE column of
+         -- an old row
          ELSE (SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index ix
-               JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY (ix.indkey)
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY ((ix.indkey::int2[])[0:ix.indnkeyatts - 1])
                WHERE ix.indrelid = l.oid AND CASE l.relreplident WHEN 'd' THEN ix.indisprimary WHEN 'i' THEN ix.indisreplident ELSE false END)
        END,
+       -- the primary key's key columns, the record key (loadMeta)
        coalesce((SELECT array_agg(a.attname::text) FROM pg_catalog.pg_index ix
-                 JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY (ix.indkey)
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY ((ix.indkey::int2[])[0:ix.indnkeyatts - 1])
                  WHERE ix.indrelid = c.oid AND ix.indisprimary), '{}')
 FROM unnest($1::text[]) WITH ORDINALITY AS x(q, i)
 JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(x.q)

@@ -773,9 +773,13 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 		return groups[im.group].out[im.index]
 	}
 	recs := make([]connect.SourceRecord, 0, len(changes))
+	// metas are what keyed each change: a reload for stale ones replaces
+	// the table's meta, which no longer keys the changes made before.
+	metas := make([]*tableMeta, len(changes))
 	var stale []int // records whose image lacks a key column
 	for i, c := range changes {
 		m := t.logicalMetaOf(c.ev.rel)
+		metas[i] = m
 		before, after := img(c.before, c.beforeJSON), img(c.after, c.afterJSON)
 		var key []byte
 		if c.ev.op != "t" {
@@ -812,7 +816,8 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 		}
 		for _, i := range stale {
 			c := changes[i]
-			key, complete := t.logicalMetaOf(c.ev.rel).key(c.ev.op, img(c.before, c.beforeJSON), img(c.after, c.afterJSON))
+			metas[i] = t.logicalMetaOf(c.ev.rel)
+			key, complete := metas[i].key(c.ev.op, img(c.before, c.beforeJSON), img(c.after, c.afterJSON))
 			if !complete {
 				key = nil
 			}
@@ -822,7 +827,7 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 	if t.s.tombstones {
 		recs = withTombstones(recs, func(i int) recordChange {
 			c := changes[i]
-			return recordChange{op: c.ev.op, m: t.logicalMetaOf(c.ev.rel), before: img(c.before, c.beforeJSON), after: img(c.after, c.afterJSON),
+			return recordChange{op: c.ev.op, m: metas[i], before: img(c.before, c.beforeJSON), after: img(c.after, c.afterJSON),
 				txid: recs[i].SourceOffset["txid"].(string), seq: int64(c.ev.seq), tsMS: c.ev.at.UnixMilli()}
 		})
 	}

@@ -290,7 +290,8 @@ SELECT x.s, x.n, coalesce((
   FROM pg_catalog.pg_index i
   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
   JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-  WHERE i.indrelid = c.oid AND i.indisprimary), '{}'),
+  -- its key columns: an INCLUDE column is not part of the key
+  WHERE i.indrelid = c.oid AND i.indisprimary AND k.ord <= i.indnkeyatts), '{}'),
   coalesce(c.reltype, 0)::int8, coalesce(ty.typarray, 0)::int8,
   coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '{}'),
