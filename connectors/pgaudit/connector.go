@@ -606,7 +606,8 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 		return errs
 	}
 	if s.logical {
-		lp, err := checkLogical(ctx, conn)
+		_, slot := logicalNames(s.name)
+		lp, err := checkLogical(ctx, conn, slot)
 		if err != nil {
 			errs[KeyURL] = append(errs[KeyURL], err.Error())
 		}

@@ -41,10 +41,11 @@ func slotRes(db, name string) connect.Resource {
 func isLogicalKind(kind string) bool { return kind == KindPublication || kind == KindReplicationSlot }
 
 // checkLogical reports, by key, what keeps the server or the role from
-// logical decoding.
+// logical decoding. The connector's own slot (named slot), once it exists,
+// counts as free: a restart or a reconfiguration needs no new one.
 func checkLogical(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}) (map[string][]string, error) {
+}, slot string) (map[string][]string, error) {
 	var walLevel, user string
 	var replication, createDB bool
 	var freeSlots int
@@ -52,7 +53,7 @@ func checkLogical(ctx context.Context, q interface {
 SELECT pg_catalog.current_setting('wal_level'), current_user::text,
        coalesce((SELECT r.rolreplication OR r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false),
        has_database_privilege(current_database(), 'CREATE'),
-       pg_catalog.current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_catalog.pg_replication_slots)::int`).
+       `+freeSlotsSQL, slot).
 		Scan(&walLevel, &user, &replication, &createDB, &freeSlots)
 	if err != nil {
 		return nil, fmt.Errorf("reading wal_level and the role's attributes: %w", err)
@@ -72,6 +73,11 @@ SELECT pg_catalog.current_setting('wal_level'), current_user::text,
 	}
 	return problems, nil
 }
+
+// freeSlotsSQL counts the replication slots the server has room for, the
+// connector's own ($1) counted as free: a restart or a reconfiguration
+// needs no new one.
+const freeSlotsSQL = `pg_catalog.current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE slot_name <> $1)::int`
 
 // methodChange refuses a configuration whose capture method is not the one
 // the connector's objects were made for.
@@ -100,7 +106,8 @@ func methodChange(ctx context.Context, s settings, l connect.Ledger) error {
 // creates its replication slot. The ledger lists each before it exists,
 // so that a crash in between leaves nothing unowned.
 func provisionLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Host) error {
-	problems, err := checkLogical(ctx, conn)
+	_, slotName := logicalNames(s.name)
+	problems, err := checkLogical(ctx, conn, slotName)
 	if err != nil {
 		return err
 	}

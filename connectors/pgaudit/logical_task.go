@@ -55,6 +55,8 @@ type logicalState struct {
 	standby time.Duration
 	// identityWarned is what warnReplicaIdentity last warned of.
 	identityWarned string
+	// dropped are the relations whose changes were left out (logged once).
+	dropped map[uint32]bool
 }
 
 // logicalTx is a streamed transaction whose records are not all
@@ -660,6 +662,23 @@ take:
 // transactions.
 func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connect.SourceRecord, error) {
 	lg := t.lg
+	// Changes of a table the configuration no longer names (a
+	// reconfiguration removed it while they waited in the slot) are left
+	// out, as the trigger method's reconfiguration deletes them: its
+	// column.exclude.list and message.key.columns are gone with it.
+	evs = slices.DeleteFunc(evs, func(ev logicalEvent) bool {
+		if ev.kind != evChange || t.logicalCaptured(ev.rel) {
+			return false
+		}
+		if !lg.dropped[ev.rel.RelationID] {
+			if lg.dropped == nil {
+				lg.dropped = map[uint32]bool{}
+			}
+			lg.dropped[ev.rel.RelationID] = true
+			t.host.Logger.Info("leaving out the changes of a table the configuration does not name (removed by a reconfiguration)", "table", tableName{ev.rel.Namespace, ev.rel.RelationName}.quoted())
+		}
+		return true
+	})
 	type image struct {
 		group string
 		index int
@@ -1023,6 +1042,16 @@ func (t *Task) logicalMeta(ctx context.Context, rels []*pglogrepl.RelationMessag
 
 func (t *Task) logicalMetaOf(rel *pglogrepl.RelationMessage) *tableMeta {
 	return t.meta[t.logicalTableOf(rel)]
+}
+
+// logicalCaptured says whether rel is a configured table: by its OID, or
+// by its name when decoded (a table made again under a configured name
+// after changes of the one before it).
+func (t *Task) logicalCaptured(rel *pglogrepl.RelationMessage) bool {
+	if _, ok := t.lg.byOID[rel.RelationID]; ok {
+		return true
+	}
+	return slices.Contains(t.tables, tableName{rel.Namespace, rel.RelationName})
 }
 
 // logicalTableOf is the configured table whose changes rel describes (its

@@ -1,0 +1,89 @@
+package pgaudit
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tidyconnect/tidyconnect/internal/testenv"
+	"github.com/tidyconnect/tidyconnect/runtime/connect"
+)
+
+// TestLogicalReconfigurationRemovesTable: a reconfiguration that removes a
+// table while changes of it wait in the slot does not deliver them (as
+// under triggers, whose reconfiguration deletes them): the new task no
+// longer applies the table's column.exclude.list or message.key.columns,
+// so they would go out with the columns the configuration kept out. A
+// table added by the reconfiguration is captured from the connector's
+// Start on, also changes made before its task starts.
+func TestLogicalReconfigurationRemovesTable(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "a")+` (id int PRIMARY KEY, secret text)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "b")+` (id int PRIMARY KEY, v text)`)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "c")+` (id int PRIMARY KEY, v text)`)
+	name := testenv.Unique("logical-reconf-")
+	dropSlotAfter(t, db, name)
+	l := connect.NewMemoryLedger()
+	cfg := logicalConfig(name, url, s+".a", s+".b")
+	cfg[KeyColumnExcludeList] = s + ".a.secret"
+	r := startConnector(t, cfg, l)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (1, 'visible before')`)
+	got := r.collect(1, true)
+	if _, leaked := got[0].After["secret"]; leaked || got[0].Topic != "tc."+s+".a" {
+		t.Fatalf("first change %s: %s", got[0].Topic, got[0].Raw)
+	}
+	// Waiting, undelivered: the task is stopped before it reads them.
+	mustExec(t, db, `INSERT INTO `+qualified(s, "a")+` VALUES (2, 'pending')`)
+	mustExec(t, db, `UPDATE `+qualified(s, "a")+` SET secret = 'pending too' WHERE id = 1`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (1, 'pending b')`)
+	if err := r.stop(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// a is removed (and with it its column.exclude.list entry, which
+	// validation requires), c is added.
+	cfg2 := logicalConfig(name, url, s+".b", s+".c")
+	// The connector's Start sets the publication's tables; the changes
+	// made before its task starts are captured.
+	r2 := &running{t: t, name: name, cfg: cfg2, ledger: l, conn: &Connector{}}
+	defer func() {
+		if err := r2.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := r2.conn.Start(connect.WithHost(testCtx(t), testHost(name, -1, l)), cfg2); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO `+qualified(s, "c")+` VALUES (1, 'added')`)
+	mustExec(t, db, `INSERT INTO `+qualified(s, "b")+` VALUES (2, 'after')`)
+	tcs, err := r2.conn.TaskConfigs(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := &Task{}
+	if err := task.Start(connect.WithHost(testCtx(t), testHost(name, 0, l)), tcs[0]); err != nil {
+		t.Fatal(err)
+	}
+	r2.tasks = []*Task{task}
+	want := map[string]int{"tc." + s + ".b": 2, "tc." + s + ".c": 1}
+	counts := map[string]int{}
+	deadline := time.Now().Add(30 * time.Second)
+	for counts["tc."+s+".b"] < 2 || counts["tc."+s+".c"] < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("changes by topic %v before the deadline, want %v", counts, want)
+		}
+		batch := r2.drain()
+		for _, c := range batch {
+			counts[c.Topic]++
+			if c.Topic == "tc."+s+".a" {
+				t.Errorf("a change of the removed table was delivered: %s (key %v)", c.Raw, c.Key)
+			}
+		}
+	}
+	for tp, n := range counts {
+		if n != want[tp] {
+			t.Errorf("%d change(s) on %s, want %d", n, tp, want[tp])
+		}
+	}
+	r2.quiet()
+}
