@@ -650,6 +650,13 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 	} else if p != "" {
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
 	}
+	if s.name != "" {
+		if p, err := checkMethodObjects(ctx, conn, s); err != nil {
+			errs[KeyURL] = append(errs[KeyURL], err.Error())
+		} else if p != "" {
+			errs[KeyCaptureMethod] = append(errs[KeyCaptureMethod], p)
+		}
+	}
 	if !s.logical && s.name != "" && len(s.tables) > 0 && len(errs[KeyAuditSchema]) == 0 {
 		// A PUT of a changed config answers 400 instead of failing later.
 		if p, err := checkAuditSchemaMove(ctx, conn, s, objectNames(s.name)); err != nil {

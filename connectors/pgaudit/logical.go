@@ -102,6 +102,42 @@ func methodChange(ctx context.Context, s settings, l connect.Ledger) error {
 	return fmt.Errorf("%s cannot change on an existing connector: it owns %s made for %s=%s; delete the connector (which drops them) and create it again", KeyCaptureMethod, describe(other), KeyCaptureMethod, was)
 }
 
+// checkMethodObjects reports, for validation, the objects in the database
+// that this connector made for the other capture method: a PUT that
+// changes capture.method answers 400 rather than storing a config whose
+// Start fails (methodChange). Objects a deletion with
+// cleanup.on.delete=false kept count too: they carry the name's marker.
+func checkMethodObjects(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, s settings) (string, error) {
+	n := objectNames(s.name)
+	pub, slot := logicalNames(s.name)
+	var found []string
+	if err := q.QueryRow(ctx, `
+SELECT coalesce(array_agg(o ORDER BY o), '{}') FROM (
+  SELECT pg_catalog.format('function %I.%I()', ns.nspname, p.proname) AS o
+  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace ns ON ns.oid = p.pronamespace
+  WHERE $1 AND p.proname = ANY($2::text[]) AND pg_catalog.obj_description(p.oid, 'pg_proc') = $3::text
+  UNION ALL
+  SELECT pg_catalog.format('publication %I', pubname) FROM pg_catalog.pg_publication
+  WHERE NOT $1 AND pubname = $4 AND pg_catalog.obj_description(oid, 'pg_publication') = $3::text
+  UNION ALL
+  SELECT pg_catalog.format('replication slot %s', slot_name) FROM pg_catalog.pg_replication_slots
+  WHERE NOT $1 AND slot_name = $5) AS x`,
+		s.logical, []string{n.function, n.rowFunction}, n.marker, pub, slot).Scan(&found); err != nil {
+		return "", fmt.Errorf("looking for the connector's objects: %w", err)
+	}
+	if len(found) == 0 {
+		return "", nil
+	}
+	was, drop := methodLogical, fmt.Sprintf("SELECT pg_drop_replication_slot('%s'); DROP PUBLICATION %s", slot, pgx.Identifier{pub}.Sanitize())
+	if s.logical {
+		was, drop = methodTrigger, "DROP FUNCTION ... CASCADE for each function, which drops its triggers"
+	}
+	return fmt.Sprintf("cannot change on an existing connector: the database holds its %s, made for %s=%s (nothing was changed): set it back to %s, or delete the connector (which drops them) and create it again; objects kept by a deletion with %s=false must be dropped first (%s)",
+		strings.Join(found, ", "), KeyCaptureMethod, was, was, KeyCleanupOnDelete, drop), nil
+}
+
 // provisionLogical creates (or adjusts) the connector's publication and
 // creates its replication slot. The ledger lists each before it exists,
 // so that a crash in between leaves nothing unowned.

@@ -1,6 +1,7 @@
 package pgaudit
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -86,4 +87,40 @@ func TestLogicalReconfigurationRemovesTable(t *testing.T) {
 		}
 	}
 	r2.quiet()
+}
+
+// TestMethodChangeRefusedByValidation: a configuration that changes
+// capture.method of a connector whose objects exist is refused by
+// validation (a PUT answers 400 naming capture.method) rather than stored
+// and failing at Start; after the deletion the other method is accepted.
+func TestMethodChangeRefusedByValidation(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	mustExec(t, db, `CREATE TABLE `+qualified(s, "m")+` (id int PRIMARY KEY)`)
+	for _, from := range []string{methodTrigger, methodLogical} {
+		t.Run("from_"+from, func(t *testing.T) {
+			name := testenv.Unique("method-change-")
+			dropSlotAfter(t, db, name)
+			trigger := baseConfig(name, url, auditSchemaFor(t, db), s+".m")
+			logical := logicalConfig(name, url, s+".m")
+			cfg, other, want := trigger, logical, "function "
+			if from == methodLogical {
+				cfg, other, want = logical, trigger, "publication "
+			}
+			r := startConnector(t, cfg, connect.NewMemoryLedger())
+			errs := (&Connector{}).Validate(testCtx(t), other)
+			if msg := strings.Join(errs[KeyCaptureMethod], " "); !strings.Contains(msg, "cannot change on an existing connector") || !strings.Contains(msg, want) {
+				t.Errorf("Validate of the other method: %v, want capture.method refused naming its %sobjects", errs, want)
+			}
+			if errs := (&Connector{}).Validate(testCtx(t), cfg); len(errs) > 0 {
+				t.Errorf("Validate of the same method: %v", errs)
+			}
+			if err := r.stop(true); err != nil {
+				t.Fatal(err)
+			}
+			if errs := (&Connector{}).Validate(testCtx(t), other); len(errs) > 0 {
+				t.Errorf("after the deletion, Validate of the other method: %v", errs)
+			}
+		})
+	}
 }
