@@ -46,15 +46,15 @@ func isLogicalKind(kind string) bool { return kind == KindPublication || kind ==
 func checkLogical(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, slot string) (map[string][]string, error) {
-	var walLevel, user string
+	var walLevel, user, db string
 	var replication, createDB bool
 	var freeSlots int
 	err := q.QueryRow(ctx, `
-SELECT pg_catalog.current_setting('wal_level'), current_user::text,
+SELECT pg_catalog.current_setting('wal_level'), current_user::text, current_database()::text,
        coalesce((SELECT r.rolreplication OR r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user), false),
        has_database_privilege(current_database(), 'CREATE'),
        `+freeSlotsSQL, slot).
-		Scan(&walLevel, &user, &replication, &createDB, &freeSlots)
+		Scan(&walLevel, &user, &db, &replication, &createDB, &freeSlots)
 	if err != nil {
 		return nil, fmt.Errorf("reading wal_level and the role's attributes: %w", err)
 	}
@@ -66,7 +66,7 @@ SELECT pg_catalog.current_setting('wal_level'), current_user::text,
 		problems[KeyURL] = append(problems[KeyURL], fmt.Sprintf("role %q has neither REPLICATION nor SUPERUSER, which reading a replication slot needs: ALTER ROLE %s REPLICATION, or connect as another role", user, pgx.Identifier{user}.Sanitize()))
 	}
 	if !createDB {
-		problems[KeyURL] = append(problems[KeyURL], fmt.Sprintf("role %q lacks CREATE on the database, which CREATE PUBLICATION needs: GRANT CREATE ON DATABASE ... TO %s", user, pgx.Identifier{user}.Sanitize()))
+		problems[KeyURL] = append(problems[KeyURL], fmt.Sprintf("role %q lacks CREATE on the database, which CREATE PUBLICATION needs: GRANT CREATE ON DATABASE %s TO %s", user, pgx.Identifier{db}.Sanitize(), pgx.Identifier{user}.Sanitize()))
 	}
 	if freeSlots < 1 {
 		problems[KeyCaptureMethod] = append(problems[KeyCaptureMethod], "every replication slot the server allows is taken (max_replication_slots): raise it (restart) or drop an unused slot")
@@ -304,6 +304,7 @@ func dropLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Hos
 		if r.Location != db {
 			return fmt.Errorf("%v lives in database %q but %s connects to %q: point %s at %q and delete again", r, r.Location, KeyURL, db, KeyURL, r.Location)
 		}
+		dropped := true
 		switch r.Kind {
 		case KindReplicationSlot:
 			if err := dropSlot(ctx, conn, r.Name, prefix); err != nil {
@@ -318,6 +319,7 @@ func dropLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Hos
 				return fmt.Errorf("looking up publication %s: %w", r.Name, err)
 			case !isMarked(comment, marker):
 				h.Logger.Warn("publication no longer carries this connector's marker; leaving it", "publication", r.Name)
+				dropped = false
 			default:
 				if _, err := conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.Name}.Sanitize()); err != nil {
 					return fmt.Errorf("dropping publication %s: %w", r.Name, err)
@@ -327,7 +329,11 @@ func dropLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Hos
 		if err := h.Ledger.Release(ctx, r); err != nil {
 			return fmt.Errorf("releasing %v from the ledger: %w", r, err)
 		}
-		h.Logger.Info("dropped", "resource", r.String())
+		if dropped {
+			h.Logger.Info("dropped", "resource", r.String())
+		} else {
+			h.Logger.Info("released without dropping", "resource", r.String())
+		}
 	}
 	return nil
 }

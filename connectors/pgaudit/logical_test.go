@@ -317,6 +317,10 @@ func TestLogicalConfigRefused(t *testing.T) {
 	if msg := strings.Join(errs[KeyURL], " "); !strings.Contains(msg, "REPLICATION") {
 		t.Errorf("%s: %v, want REPLICATION named", KeyURL, errs[KeyURL])
 	}
+	grant := "GRANT CREATE ON DATABASE " + pgx.Identifier{testDB(t, db)}.Sanitize() + " TO " + quoted
+	if msg := strings.Join(errs[KeyURL], " "); !strings.Contains(msg, grant) {
+		t.Errorf("%s: %v, want the statement %q", KeyURL, errs[KeyURL], grant)
+	}
 	if _, err := tryStart(t, cfg, connect.NewMemoryLedger()); err == nil || !strings.Contains(err.Error(), "REPLICATION") {
 		t.Errorf("Start: %v, want the REPLICATION problem", err)
 	}
