@@ -239,11 +239,19 @@ FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_nam
 		return err
 	}
 	if slotExists {
-		if !slices.ContainsFunc(owned, func(r connect.Resource) bool { return r.Kind == KindReplicationSlot && r.Name == slot }) {
+		// Not in the ledger, but the name's publication was there, marked:
+		// both were kept by a deletion with cleanup.on.delete=false, and
+		// are taken back as the trigger method takes back its marked
+		// objects (a slot carries no comment of its own).
+		kept := exists && isMarked(comment, marker)
+		if !kept && !slices.ContainsFunc(owned, func(r connect.Resource) bool { return r.Kind == KindReplicationSlot && r.Name == slot }) {
 			return fmt.Errorf("replication slot %s exists but this connector did not create it: drop it (SELECT pg_drop_replication_slot('%s')) or give the connector another name", slot, slot)
 		}
 		if plugin == nil || *plugin != "pgoutput" || slotDB == nil || *slotDB != db {
 			return fmt.Errorf("replication slot %s is not a pgoutput slot of database %q: drop it (SELECT pg_drop_replication_slot('%s')) and restart the connector", slot, db, slot)
+		}
+		if err := h.Ledger.Own(ctx, slotRes(db, slot)); err != nil {
+			return fmt.Errorf("recording replication slot %s in the resource ledger: %w", slot, err)
 		}
 		return nil
 	}

@@ -1,6 +1,7 @@
 package pgaudit
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +123,52 @@ func TestMethodChangeRefusedByValidation(t *testing.T) {
 				t.Errorf("after the deletion, Validate of the other method: %v", errs)
 			}
 		})
+	}
+}
+
+// TestLogicalKeptSlotTakenBack: a connector deleted with
+// cleanup.on.delete=false keeps its publication and slot; one created
+// again under the name takes both back (as the trigger method takes back
+// its marked objects), delivers the changes made in between, and its
+// deletion drops them.
+func TestLogicalKeptSlotTakenBack(t *testing.T) {
+	db, url := logicalAdmin(t)
+	s := newSchema(t, db)
+	tbl := qualified(s, "k")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	name := testenv.Unique("logical-kept-")
+	dropSlotAfter(t, db, name)
+	cfg := logicalConfig(name, url, s+".k")
+	cfg[KeyCleanupOnDelete] = "false"
+	r := startConnector(t, cfg, connect.NewMemoryLedger())
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (1)`)
+	r.collect(1, true)
+	if err := r.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if slot, pub := slotAndPublication(t, db, name); !slot || !pub {
+		t.Fatalf("cleanup.on.delete=false kept slot %v publication %v", slot, pub)
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`) // while no connector exists
+
+	cfg[KeyCleanupOnDelete] = "true"
+	l := connect.NewMemoryLedger()
+	again := startConnector(t, cfg, l)
+	owned, _ := l.List(testCtx(t))
+	kinds := map[string]bool{}
+	for _, res := range owned {
+		kinds[res.Kind] = true
+	}
+	if !kinds[KindReplicationSlot] || !kinds[KindPublication] {
+		t.Errorf("taken back: %v, want the slot and the publication", owned)
+	}
+	if got := again.collect(1, true); got[0].After["id"] != json.Number("2") {
+		t.Errorf("first change after taking the slot back: %v, want id 2", got[0].After)
+	}
+	if err := again.stop(true); err != nil {
+		t.Fatal(err)
+	}
+	if slot, pub := slotAndPublication(t, db, name); slot || pub {
+		t.Errorf("after the deletion: slot %v publication %v", slot, pub)
 	}
 }
