@@ -818,30 +818,15 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 			Timestamp:       c.ev.at,
 		})
 	}
-	if len(stale) > 0 {
-		// A key column was renamed or dropped since the key was read: read
-		// it again and key those changes by the current one. Still without
-		// one (a change made before the rename): no key, as under triggers.
-		// {"id":null} would be one key shared by all such changes (a
-		// compacted topic keeps only the last).
-		var tables []tableName
-		for _, i := range stale {
-			if tb := t.logicalTableOf(changes[i].ev.rel); !slices.Contains(tables, tb) {
-				tables = append(tables, tb)
-			}
-		}
-		if err := t.loadMeta(ctx, tables, true); err != nil {
-			return nil, err
-		}
-		for _, i := range stale {
-			c := changes[i]
-			metas[i] = t.logicalMetaOf(c.ev.rel)
-			key, complete := metas[i].key(c.ev.op, img(c.before, c.beforeJSON), img(c.after, c.afterJSON))
-			if !complete {
-				key = nil
-			}
-			recs[i].Key = key
-		}
+	err := t.rekeyStale(ctx, recs, stale, func(i int) (tableName, string, []byte, []byte) {
+		c := changes[i]
+		return t.logicalTableOf(c.ev.rel), c.ev.op, img(c.before, c.beforeJSON), img(c.after, c.afterJSON)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, i := range stale {
+		metas[i] = t.logicalMetaOf(changes[i].ev.rel)
 	}
 	if t.s.tombstones {
 		recs = withTombstones(recs, func(i int) recordChange {

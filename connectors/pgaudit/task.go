@@ -993,37 +993,19 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 			Timestamp:       time.UnixMilli(r.tsMS),
 		})
 	}
-	if len(stale) > 0 {
-		// A key column was renamed or dropped since the key was read:
-		// read it again and key those changes by the current one.
-		var tables []tableName
-		for _, i := range stale {
-			if tb := changes[i].row.table; !slices.Contains(tables, tb) {
-				tables = append(tables, tb)
-			}
+	err := t.rekeyStale(ctx, recs, stale, func(i int) (tableName, string, []byte, []byte) {
+		c := changes[i]
+		var before, after []byte
+		if c.before >= 0 {
+			before = decoded[c.row.image][c.before]
 		}
-		if err := t.loadMeta(ctx, tables, true); err != nil {
-			return nil, err
+		if c.after >= 0 {
+			after = decoded[c.row.image][c.after]
 		}
-		for _, i := range stale {
-			c := changes[i]
-			var before, after []byte
-			if c.before >= 0 {
-				before = decoded[c.row.image][c.before]
-			}
-			if c.after >= 0 {
-				after = decoded[c.row.image][c.after]
-			}
-			// Still without a key column (it lost its name: its type
-			// changed, or a column before it was dropped): no key, as for
-			// a table without one. {"id":null} would be one key shared
-			// by all such changes (a compacted topic keeps only the last).
-			key, complete := t.meta[c.row.table].key(c.row.op, before, after)
-			if !complete {
-				key = nil
-			}
-			recs[i].Key = key
-		}
+		return c.row.table, c.row.op, before, after
+	})
+	if err != nil {
+		return nil, err
 	}
 	if t.s.tombstones {
 		recs = withTombstones(recs, func(i int) recordChange {
@@ -1267,6 +1249,37 @@ ORDER BY 1, 2`, schemas, names,
 	}
 	return fmt.Errorf("%s none of this connector's capture triggers filing changes under that name: dropped and made again, or another table took the name (an online schema change, or a swap of captured tables), so its changes are not captured under it; restart the connector (POST /connectors/%s/restart?includeTasks=true), whose Start installs or renames the triggers",
 		tablesPhrase(uncaptured, "has", "have"), t.s.name)
+}
+
+// rekeyStale keys again the records (at the indexes stale) whose key
+// lacked a column: one was renamed or dropped since the tables' keys were
+// read, so they are read again and the records keyed by the current key.
+// A record still without one of its columns (it lost its name) gets no
+// key, as for a table without one: {"id":null} would be one key shared by
+// all such changes (a compacted topic keeps only the last). change gives
+// a record's table, operation and images.
+func (t *Task) rekeyStale(ctx context.Context, recs []connect.SourceRecord, stale []int, change func(i int) (tb tableName, op string, before, after []byte)) error {
+	if len(stale) == 0 {
+		return nil
+	}
+	var tables []tableName
+	for _, i := range stale {
+		if tb, _, _, _ := change(i); !slices.Contains(tables, tb) {
+			tables = append(tables, tb)
+		}
+	}
+	if err := t.loadMeta(ctx, tables, true); err != nil {
+		return err
+	}
+	for _, i := range stale {
+		tb, op, before, after := change(i)
+		key, complete := t.meta[tb].key(op, before, after)
+		if !complete {
+			key = nil
+		}
+		recs[i].Key = key
+	}
+	return nil
 }
 
 // checkedTables reads the (schema, name) rows of a periodic check of the
