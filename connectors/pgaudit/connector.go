@@ -651,9 +651,10 @@ func (c *Connector) Validate(ctx context.Context, cfg connect.Config) map[string
 		errs[KeyAuditSchema] = append(errs[KeyAuditSchema], p)
 	}
 	if s.name != "" {
-		if p, err := checkMethodObjects(ctx, conn, s); err != nil {
-			errs[KeyURL] = append(errs[KeyURL], err.Error())
-		} else if p != "" {
+		// An early refusal only (Start refuses from the ledger): a failed
+		// lookup (a role that may not read pg_replication_slots) does not
+		// block validation.
+		if p, err := checkMethodObjects(ctx, conn, s); err == nil && p != "" {
 			errs[KeyCaptureMethod] = append(errs[KeyCaptureMethod], p)
 		}
 	}

@@ -122,8 +122,9 @@ SELECT coalesce(array_agg(o ORDER BY o), '{}') FROM (
   SELECT pg_catalog.format('publication %I', pubname) FROM pg_catalog.pg_publication
   WHERE NOT $1 AND pubname = $4 AND pg_catalog.obj_description(oid, 'pg_publication') = $3::text
   UNION ALL
+  -- slots are the server's: one of another database is another's
   SELECT pg_catalog.format('replication slot %s', slot_name) FROM pg_catalog.pg_replication_slots
-  WHERE NOT $1 AND slot_name = $5) AS x`,
+  WHERE NOT $1 AND slot_name = $5 AND database = current_database()) AS x`,
 		s.logical, []string{n.function, n.rowFunction}, n.marker, pub, slot).Scan(&found); err != nil {
 		return "", fmt.Errorf("looking for the connector's objects: %w", err)
 	}
@@ -184,6 +185,9 @@ func provisionLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connec
 	}
 	pub, slot := logicalNames(s.name)
 	marker := objectNames(s.name).marker
+	if err := checkSlotInUse(ctx, conn, slot, h); err != nil {
+		return err
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
@@ -277,6 +281,39 @@ FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_nam
 	}
 	h.Logger.Info("created replication slot; it keeps WAL from being removed until the connector has delivered the changes, also while the connector is paused or stopped", "slot", slot, "publication", pub)
 	return nil
+}
+
+// checkSlotInUse refuses a slot the ledger does not list that somebody
+// streams: a deletion with cleanup.on.delete=false kept none such, so
+// another connector of the name (another deployment's, with a ledger of
+// its own) reads it. Taking it back would take that one's publication
+// too, and this connector's deletion would end its stream and drop both.
+// Refused before the publication is touched.
+func checkSlotInUse(ctx context.Context, conn *pgx.Conn, slot string, h *connect.Host) error {
+	owned, err := ownedResources(ctx, h.Ledger)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(owned, func(r connect.Resource) bool { return r.Kind == KindReplicationSlot && r.Name == slot }) {
+		return nil
+	}
+	var pid int32
+	var app *string
+	err = conn.QueryRow(ctx, `
+SELECT s.active_pid, a.application_name::text
+FROM pg_catalog.pg_replication_slots s LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid
+WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL`, slot).Scan(&pid, &app)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("looking up replication slot %s: %w", slot, err)
+	}
+	who := "unknown"
+	if app != nil {
+		who = *app
+	}
+	return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q) and this connector did not create it: another connector of this name (of another deployment) streams it; delete that one, or give this connector another name (if a connector of this name was just deleted with %s=false, restart this one once its stream has ended)", slot, pid, who, KeyCleanupOnDelete)
 }
 
 // slotCreateWait bounds how long creating the slot waits for the

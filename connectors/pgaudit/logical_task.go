@@ -647,6 +647,9 @@ take:
 			break take
 		}
 	}
+	// Left out before the events may be held: leaving out moves the
+	// others forward in the same array and zeroes its end.
+	evs = t.leaveOutUncaptured(evs)
 	recs, err := t.logicalRecords(ctx, evs)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -658,15 +661,14 @@ take:
 	return recs, nil
 }
 
-// logicalRecords turns events into records and counts them into their
-// transactions.
-func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connect.SourceRecord, error) {
+// leaveOutUncaptured leaves out the changes of a table the configuration
+// no longer names (a reconfiguration removed it while they waited in the
+// slot), as the trigger method's reconfiguration deletes them: its
+// column.exclude.list and message.key.columns are gone with it. Their
+// transactions' commits stay, which let the slot advance past them.
+func (t *Task) leaveOutUncaptured(evs []logicalEvent) []logicalEvent {
 	lg := t.lg
-	// Changes of a table the configuration no longer names (a
-	// reconfiguration removed it while they waited in the slot) are left
-	// out, as the trigger method's reconfiguration deletes them: its
-	// column.exclude.list and message.key.columns are gone with it.
-	evs = slices.DeleteFunc(evs, func(ev logicalEvent) bool {
+	return slices.DeleteFunc(evs, func(ev logicalEvent) bool {
 		if ev.kind != evChange || t.logicalCaptured(ev.rel) {
 			return false
 		}
@@ -679,6 +681,12 @@ func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connec
 		}
 		return true
 	})
+}
+
+// logicalRecords turns events into records and counts them into their
+// transactions.
+func (t *Task) logicalRecords(ctx context.Context, evs []logicalEvent) ([]connect.SourceRecord, error) {
+	lg := t.lg
 	type image struct {
 		group string
 		index int
