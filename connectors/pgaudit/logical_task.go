@@ -1006,24 +1006,34 @@ func (t *Task) logicalCommit(acked []connect.SourceRecord) {
 // topics of the configured tables (read again every metaRefresh).
 func (t *Task) logicalMeta(ctx context.Context, rels []*pglogrepl.RelationMessage) error {
 	var missing []tableName
-	refresh := time.Since(t.metaAt) > metaRefresh
+	refresh := len(rels) > 0 && time.Since(t.metaAt) > metaRefresh
 	for _, rel := range rels {
 		tb, ok := t.lg.byOID[rel.RelationID]
 		if !ok {
 			tb = tableName{rel.Namespace, rel.RelationName}
 		}
-		if _, known := t.meta[tb]; (!known || refresh) && !slices.Contains(missing, tb) {
+		if _, known := t.meta[tb]; !known && !slices.Contains(missing, tb) {
 			missing = append(missing, tb)
 		}
 	}
 	if refresh {
-		t.metaAt = time.Now()
+		// Every table's, not only this batch's: a table whose changes are
+		// rare would keep a changed key until one of them happened to be
+		// in the batch a refresh fell due in.
+		for tb := range t.meta {
+			if !slices.Contains(missing, tb) {
+				missing = append(missing, tb)
+			}
+		}
 	}
 	if len(missing) == 0 {
 		return nil
 	}
 	if err := t.loadMeta(ctx, missing, true); err != nil {
-		return err
+		return err // an interrupted Poll's refresh is the next Poll's
+	}
+	if refresh {
+		t.metaAt = time.Now()
 	}
 	for _, tb := range missing {
 		if t.meta[tb] == nil {

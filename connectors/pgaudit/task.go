@@ -888,14 +888,19 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 	)
 	// A primary key added, dropped or changed since it was read reaches
 	// the keys within metaRefresh.
-	refresh := time.Since(t.metaAt) > metaRefresh
+	// Every table's, not only this batch's: a table whose changes are rare
+	// would keep a changed key until one of them happened to be in the
+	// batch a refresh fell due in.
+	refresh := len(raws) > 0 && time.Since(t.metaAt) > metaRefresh
 	if refresh {
-		t.metaAt = time.Now()
+		for tb := range t.meta {
+			missing = append(missing, tb)
+		}
 	}
 	for i := range raws {
 		r := &raws[i]
 		for _, tb := range []tableName{r.table, r.image} {
-			if _, ok := t.meta[tb]; (!ok || refresh) && !slices.Contains(missing, tb) {
+			if _, ok := t.meta[tb]; !ok && !slices.Contains(missing, tb) {
 				// A table added by a reconfiguration this task was not told
 				// about yet, or a partition of a captured table.
 				missing = append(missing, tb)
@@ -938,6 +943,9 @@ func (t *Task) records(ctx context.Context, raws []auditRow) ([]connect.SourceRe
 		if err := t.loadMeta(ctx, missing, true); err != nil {
 			return nil, err
 		}
+	}
+	if refresh {
+		t.metaAt = time.Now()
 	}
 	decoded := make(map[tableName][][]byte, len(images))
 	if len(images) > 0 {
