@@ -33,11 +33,33 @@ func init() { captureCheckInterval = 0 }
 func admin(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(context.Background(), url)
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("%s: %v", testenv.PostgresEnv, err)
+	}
+	app := testenv.Unique("pgaudit-test-admin-")
+	pc.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		t.Fatalf("connecting to %s: %v", testenv.PostgresEnv, err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() {
+		// Close waits for every acquired connection: a transaction that a
+		// failed test left open would hang the test for good, and hold up
+		// every logical slot the server creates meanwhile (other packages'
+		// tests too). Its backend is ended instead.
+		closed := make(chan struct{})
+		go func() { pool.Close(); close(closed) }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Errorf("a connection of the test's admin pool was still in use 10 s after the test (a transaction left open?); ending its backend")
+			if c, err := pgx.Connect(context.Background(), url); err == nil {
+				_, _ = c.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
+				_ = c.Close(context.Background())
+			}
+		}
+	})
 	return pool, url
 }
 
