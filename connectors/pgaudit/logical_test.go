@@ -561,6 +561,9 @@ func TestLogicalStartWithPendingWork(t *testing.T) {
 	if err := open.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The usual wait again: other packages' tests may have transactions
+	// running, which the slot waits for.
+	slotCreateWait = time.Minute
 	r := startConnector(t, cfg, l)
 	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (3)`)
 	if got := r.collect(1, true); got[0].After["id"] != jsonOf(t, "3") {
