@@ -263,21 +263,23 @@ FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_nam
 		return fmt.Errorf("recording replication slot %s in the resource ledger: %w", slot, err)
 	}
 	// The slot's consistent point waits for the transactions running now
-	// to end, prepared ones too, which may never end by themselves.
+	// to end, prepared ones too, which may never end by themselves: the
+	// wait is bounded, and its error names what to end.
+	// Read first: a timed-out creation leaves the connection unusable.
 	var prepared []string
 	if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(gid::text ORDER BY prepared), '{}') FROM pg_catalog.pg_prepared_xacts`).Scan(&prepared); err != nil {
 		return fmt.Errorf("looking up prepared transactions: %w", err)
 	}
-	if len(prepared) > 0 {
-		return fmt.Errorf("cannot create replication slot %s while prepared transactions are pending (it waits for them to end): COMMIT PREPARED or ROLLBACK PREPARED %s, then restart the connector", slot, strings.Join(quoteAll(prepared), ", "))
-	}
 	sctx, cancel := context.WithTimeout(ctx, slotCreateWait)
 	defer cancel()
 	if _, err := conn.Exec(sctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
-		if sctx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("creating replication slot %s: it waits for the transactions running when it started to end, and %s passed: end the long ones (SELECT pid, xact_start, query FROM pg_stat_activity WHERE backend_xid IS NOT NULL) and restart the connector: %w", slot, slotCreateWait, err)
+		if sctx.Err() == nil || ctx.Err() != nil {
+			return fmt.Errorf("creating replication slot %s: %w", slot, err)
 		}
-		return fmt.Errorf("creating replication slot %s: %w", slot, err)
+		if len(prepared) > 0 {
+			return fmt.Errorf("creating replication slot %s: it waits for the transactions running when it started to end, prepared ones too, and %s passed with prepared transactions pending since before it: COMMIT PREPARED or ROLLBACK PREPARED %s (and end other long transactions: SELECT pid, xact_start, query FROM pg_stat_activity WHERE backend_xid IS NOT NULL), then restart the connector: %w", slot, slotCreateWait, strings.Join(quoteAll(prepared), ", "), err)
+		}
+		return fmt.Errorf("creating replication slot %s: it waits for the transactions running when it started to end, and %s passed: end the long ones (SELECT pid, xact_start, query FROM pg_stat_activity WHERE backend_xid IS NOT NULL) and restart the connector: %w", slot, slotCreateWait, err)
 	}
 	h.Logger.Info("created replication slot; it keeps WAL from being removed until the connector has delivered the changes, also while the connector is paused or stopped", "slot", slot, "publication", pub)
 	return nil

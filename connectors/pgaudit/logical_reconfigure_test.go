@@ -1,6 +1,7 @@
 package pgaudit
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -170,5 +171,68 @@ func TestLogicalKeptSlotTakenBack(t *testing.T) {
 	}
 	if slot, pub := slotAndPublication(t, db, name); slot || pub {
 		t.Errorf("after the deletion: slot %v publication %v", slot, pub)
+	}
+}
+
+// TestLogicalStartWaitsForShortPreparedTransaction: a prepared
+// transaction pending when the slot is created (another application's
+// two-phase commit, anywhere on the server) is waited for like any running
+// transaction, not refused at once: one that commits soon lets the Start
+// succeed.
+func TestLogicalStartWaitsForShortPreparedTransaction(t *testing.T) {
+	db, url := logicalAdmin(t)
+	var maxPrepared int
+	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&maxPrepared); err != nil {
+		t.Fatal(err)
+	}
+	if maxPrepared == 0 {
+		testenv.Skip(t, "max_prepared_transactions is 0")
+	}
+	s := newSchema(t, db)
+	tbl := qualified(s, "p")
+	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
+	ctx := testCtx(t)
+	gid := testenv.Unique("logical-short-gid-")
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	go func() {
+		// Once the Start waits for it (its connection is in
+		// pg_create_logical_replication_slot).
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			var waiting bool
+			if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE query LIKE '%pg_create_logical_replication_slot%' AND pid <> pg_backend_pid())`).Scan(&waiting); err == nil && waiting {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, err := db.Exec(context.Background(), `COMMIT PREPARED '`+gid+`'`)
+		committed <- err
+	}()
+	defer func() { _, _ = db.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`) }()
+	name := testenv.Unique("logical-shortprep-")
+	dropSlotAfter(t, db, name)
+	r := startConnector(t, logicalConfig(name, url, s+".p"), connect.NewMemoryLedger())
+	defer func() {
+		if err := r.stop(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO `+tbl+` VALUES (2)`)
+	if got := r.collect(1, true); got[0].After["id"] != json.Number("2") {
+		t.Errorf("first change after the Start: %v, want id 2", got[0].After)
 	}
 }

@@ -530,13 +530,27 @@ func TestLogicalStartWithPendingWork(t *testing.T) {
 	dropSlotAfter(t, db, name)
 	cfg := logicalConfig(name, url, s+".p")
 	l := connect.NewMemoryLedger()
+	// The half-made slot goes with the cancelled creation's error
+	// cleanup, which the backend may finish after the Start returned.
+	awaitNoSlot := func() {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if slot, _ := slotAndPublication(t, db, name); !slot {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("a Start that gave up left a slot")
+			}
+		}
+	}
+	override(t, &slotCreateWait, 500*time.Millisecond)
 	if _, err := tryStart(t, cfg, l); err == nil || !strings.Contains(err.Error(), gid) || !strings.Contains(err.Error(), "COMMIT PREPARED") {
 		t.Fatalf("Start with a prepared transaction: %v; want it named", err)
 	}
+	awaitNoSlot()
 	mustExec(t, db, `ROLLBACK PREPARED '`+gid+`'`)
 	prepared = false
 
-	override(t, &slotCreateWait, 500*time.Millisecond)
 	open, err := db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -548,16 +562,7 @@ func TestLogicalStartWithPendingWork(t *testing.T) {
 	if _, err := tryStart(t, cfg, l); err == nil || !strings.Contains(err.Error(), "pg_stat_activity") {
 		t.Fatalf("Start with an open transaction: %v; want the advice", err)
 	}
-	// The half-made slot goes with the cancelled creation's error
-	// cleanup, which the backend may finish after the Start returned.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if slot, _ := slotAndPublication(t, db, name); !slot {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a Start that gave up left a slot")
-		}
-	}
+	awaitNoSlot()
 	if err := open.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
