@@ -19,15 +19,6 @@ import (
 // to do; once it is gone, the retry succeeds.
 func TestLockTimeoutNamesPreparedTransactions(t *testing.T) {
 	db, url := admin(t)
-	var prepared int
-	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	needPrepared := func(t *testing.T) {
-		if prepared == 0 {
-			testenv.Skip(t, "the server does not allow prepared transactions: set max_prepared_transactions > 0 (.ci/run does) and restart it")
-		}
-	}
 	want := func(t *testing.T, err error, what string, words ...string) {
 		t.Helper()
 		if err == nil {
@@ -41,11 +32,9 @@ func TestLockTimeoutNamesPreparedTransactions(t *testing.T) {
 	}
 
 	t.Run("deletion", func(t *testing.T) {
-		needPrepared(t)
+		needPreparedTransactions(t, db)
 		db, table, r := oneTable(t, "delprep-", `(id int PRIMARY KEY)`, connect.Config{KeyWakeupNotify: "false"})
-		gid := testenv.Unique("tidyconnect-test-")
-		t.Cleanup(func() { rollbackPrepared(t, db, gid) })
-		mustExec(t, db, `BEGIN; INSERT INTO `+table+` VALUES (1); PREPARE TRANSACTION '`+gid+`'`)
+		gid := prepareInsert(t, db, table, "(1)")
 
 		err := r.stop(true)
 		want(t, err, "deletion", gid, "ROLLBACK PREPARED")
@@ -98,13 +87,11 @@ func TestLockTimeoutNamesPreparedTransactions(t *testing.T) {
 	})
 
 	t.Run("start", func(t *testing.T) {
-		needPrepared(t)
+		needPreparedTransactions(t, db)
 		s := newSchema(t, db)
 		table := qualified(s, "t")
 		mustExec(t, db, `CREATE TABLE `+table+` (id int PRIMARY KEY)`)
-		gid := testenv.Unique("tidyconnect-test-")
-		t.Cleanup(func() { rollbackPrepared(t, db, gid) })
-		mustExec(t, db, `BEGIN; INSERT INTO `+table+` VALUES (1); PREPARE TRANSACTION '`+gid+`'`)
+		gid := prepareInsert(t, db, table, "(1)")
 
 		cfg := baseConfig(testenv.Unique("startprep-"), url, auditSchemaFor(t, db), s+".t")
 		cfg[KeyWakeupNotify] = "false"

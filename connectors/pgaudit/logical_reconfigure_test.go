@@ -181,29 +181,11 @@ func TestLogicalKeptSlotTakenBack(t *testing.T) {
 // succeed.
 func TestLogicalStartWaitsForShortPreparedTransaction(t *testing.T) {
 	db, url := logicalAdmin(t)
-	var maxPrepared int
-	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&maxPrepared); err != nil {
-		t.Fatal(err)
-	}
-	if maxPrepared == 0 {
-		testenv.Skip(t, "max_prepared_transactions is 0")
-	}
+	needPreparedTransactions(t, db)
 	s := newSchema(t, db)
 	tbl := qualified(s, "p")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
-	ctx := testCtx(t)
-	gid := testenv.Unique("logical-short-gid-")
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
-		t.Fatal(err)
-	}
+	gid := prepareInsert(t, db, tbl, "(1)")
 	committed := make(chan error, 1)
 	go func() {
 		// Once the Start waits for it (its connection is in
@@ -219,7 +201,6 @@ func TestLogicalStartWaitsForShortPreparedTransaction(t *testing.T) {
 		_, err := db.Exec(context.Background(), `COMMIT PREPARED '`+gid+`'`)
 		committed <- err
 	}()
-	defer func() { _, _ = db.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`) }()
 	name := testenv.Unique("logical-shortprep-")
 	dropSlotAfter(t, db, name)
 	r := startConnector(t, logicalConfig(name, url, s+".p"), connect.NewMemoryLedger())

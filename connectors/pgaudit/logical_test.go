@@ -496,36 +496,12 @@ func TestLogicalDefaultReplicaIdentity(t *testing.T) {
 // advice; neither Start leaves a slot, and once they end Start succeeds.
 func TestLogicalStartWithPendingWork(t *testing.T) {
 	db, url := logicalAdmin(t)
-	var maxPrepared int
-	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&maxPrepared); err != nil {
-		t.Fatal(err)
-	}
-	if maxPrepared == 0 {
-		testenv.Skip(t, "max_prepared_transactions is 0")
-	}
+	needPreparedTransactions(t, db)
 	s := newSchema(t, db)
 	tbl := qualified(s, "p")
 	mustExec(t, db, `CREATE TABLE `+tbl+` (id int PRIMARY KEY)`)
 	ctx := testCtx(t)
-	gid := testenv.Unique("logical-gid-")
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }() // a no-op once prepared
-	if _, err := tx.Exec(ctx, `INSERT INTO `+tbl+` VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `PREPARE TRANSACTION '`+gid+`'`); err != nil {
-		t.Fatal(err)
-	}
-	_ = tx.Rollback(ctx) // the connection's transaction is over
-	prepared := true
-	defer func() {
-		if prepared {
-			_, _ = db.Exec(context.Background(), `ROLLBACK PREPARED '`+gid+`'`)
-		}
-	}()
+	gid := prepareInsert(t, db, tbl, "(1)")
 	name := testenv.Unique("logical-pending-")
 	dropSlotAfter(t, db, name)
 	cfg := logicalConfig(name, url, s+".p")
@@ -549,7 +525,6 @@ func TestLogicalStartWithPendingWork(t *testing.T) {
 	}
 	awaitNoSlot()
 	mustExec(t, db, `ROLLBACK PREPARED '`+gid+`'`)
-	prepared = false
 
 	open, err := db.Begin(ctx)
 	if err != nil {

@@ -91,13 +91,7 @@ func TestWakeupNotifyOff(t *testing.T) {
 // limitation the key exists for.
 func TestTwoPhaseCommit(t *testing.T) {
 	db, _ := admin(t)
-	var prepared int
-	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&prepared); err != nil {
-		t.Fatal(err)
-	}
-	if prepared == 0 {
-		testenv.Skip(t, "the server does not allow prepared transactions: set max_prepared_transactions > 0 (.ci/run does) and restart it")
-	}
+	needPreparedTransactions(t, db)
 	for _, tc := range []struct {
 		name string
 		set  connect.Config
@@ -180,6 +174,31 @@ func TestTwoPhaseCommit(t *testing.T) {
 
 // rollbackPrepared rolls back the prepared transaction gid if it exists:
 // left prepared, it would hold its locks after the test.
+// needPreparedTransactions skips the test (fails it under
+// TIDYCONNECT_TEST_REQUIRE_SERVICES) when the server allows no prepared
+// transactions.
+func needPreparedTransactions(t *testing.T, db *pgxpool.Pool) {
+	t.Helper()
+	var prepared int
+	if err := db.QueryRow(testCtx(t), `SELECT current_setting('max_prepared_transactions')::int`).Scan(&prepared); err != nil {
+		t.Fatal(err)
+	}
+	if prepared == 0 {
+		testenv.Skip(t, "the server does not allow prepared transactions: set max_prepared_transactions > 0 (.ci/run does) and restart it")
+	}
+}
+
+// prepareInsert prepares a transaction that inserts values into table and
+// returns its gid; the end of the test rolls it back if it is still
+// pending.
+func prepareInsert(t *testing.T, db *pgxpool.Pool, table, values string) string {
+	t.Helper()
+	gid := testenv.Unique("tidyconnect-test-")
+	t.Cleanup(func() { rollbackPrepared(t, db, gid) })
+	mustExec(t, db, `BEGIN; INSERT INTO `+table+` VALUES `+values+`; PREPARE TRANSACTION '`+gid+`'`)
+	return gid
+}
+
 func rollbackPrepared(t *testing.T, db *pgxpool.Pool, gid string) {
 	t.Helper()
 	var n int
