@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -145,15 +144,7 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		maxTasks = s.tasksMax
 	}
 	if s.logical {
-		tc := logicalTaskConfig(s)
-		if len(oids) == len(s.tables) {
-			list := make([]string, len(oids))
-			for i, o := range oids {
-				list[i] = strconv.FormatInt(o, 10)
-			}
-			tc[keyTaskTableOIDs] = strings.Join(list, ",")
-		}
-		return []connect.Config{tc}, nil
+		return []connect.Config{logicalTaskConfig(s, oids)}, nil
 	}
 	n := min(maxTasks, len(s.tables))
 	groups := make([][]tableName, n)
@@ -162,27 +153,10 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 	}
 	out := make([]connect.Config, n)
 	for i, g := range groups {
-		tc := connect.Config{
-			"name":             s.name,
-			KeyURL:             s.url,
-			KeyTopicPrefix:     s.topicPrefix,
-			KeyAuditSchema:     s.auditSchema,
-			KeyPollMaxRecords:  fmt.Sprint(s.pollMax),
-			KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
-			KeyTables:          formatTables(s.tables),
-			keyTaskTables:      formatTables(g),
-			keyTaskCount:       fmt.Sprint(n),
-			KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
-		}
-		if s.tombstones {
-			tc[KeyTombstonesOnDelete] = "true"
-		}
-		if len(s.keyColumns) > 0 {
-			tc[KeyMessageKeyColumns] = s.keyColumnsRaw
-		}
-		if len(s.excluded) > 0 {
-			tc[KeyColumnExcludeList] = s.excludedRaw
-		}
+		tc := commonTaskConfig(s)
+		tc[KeyAuditSchema] = s.auditSchema
+		tc[keyTaskTables] = formatTables(g)
+		tc[keyTaskCount] = fmt.Sprint(n)
 		if !s.notify {
 			tc[KeyWakeupNotify] = "false"
 		}
@@ -192,6 +166,30 @@ func (c *Connector) TaskConfigs(maxTasks int) ([]connect.Config, error) {
 		out[i] = tc
 	}
 	return out, nil
+}
+
+// commonTaskConfig is what every task's configuration holds, whatever the
+// capture method.
+func commonTaskConfig(s settings) connect.Config {
+	tc := connect.Config{
+		"name":             s.name,
+		KeyURL:             s.url,
+		KeyTopicPrefix:     s.topicPrefix,
+		KeyPollMaxRecords:  fmt.Sprint(s.pollMax),
+		KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
+		KeyTables:          formatTables(s.tables),
+		KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
+	}
+	if s.tombstones {
+		tc[KeyTombstonesOnDelete] = "true"
+	}
+	if len(s.keyColumns) > 0 {
+		tc[KeyMessageKeyColumns] = s.keyColumnsRaw
+	}
+	if len(s.excluded) > 0 {
+		tc[KeyColumnExcludeList] = s.excludedRaw
+	}
+	return tc
 }
 
 // Stop records whether this is a deletion; the connector has nothing to

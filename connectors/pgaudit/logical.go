@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -445,26 +446,17 @@ FROM unnest($1::text[]) WITH ORDINALITY AS x(q, i)`, list).Scan(&oids); err != n
 }
 
 // logicalTaskConfig is the one task's configuration: logical decoding
-// reads one slot, so one task reads every table.
-func logicalTaskConfig(s settings) connect.Config {
-	tc := connect.Config{
-		"name":             s.name,
-		KeyURL:             s.url,
-		KeyTopicPrefix:     s.topicPrefix,
-		KeyPollMaxRecords:  fmt.Sprint(s.pollMax),
-		KeyPollIntervalMS:  fmt.Sprint(s.pollInterval),
-		KeyTables:          formatTables(s.tables),
-		KeyCleanupOnDelete: fmt.Sprint(s.cleanup),
-		KeyCaptureMethod:   methodLogical,
-	}
-	if s.tombstones {
-		tc[KeyTombstonesOnDelete] = "true"
-	}
-	if len(s.keyColumns) > 0 {
-		tc[KeyMessageKeyColumns] = s.keyColumnsRaw
-	}
-	if len(s.excluded) > 0 {
-		tc[KeyColumnExcludeList] = s.excludedRaw
+// reads one slot, so one task reads every table. oids are the tables'
+// relation OIDs at the connector's Start, in their order.
+func logicalTaskConfig(s settings, oids []int64) connect.Config {
+	tc := commonTaskConfig(s)
+	tc[KeyCaptureMethod] = methodLogical
+	if len(oids) == len(s.tables) {
+		list := make([]string, len(oids))
+		for i, o := range oids {
+			list[i] = strconv.FormatInt(o, 10)
+		}
+		tc[keyTaskTableOIDs] = strings.Join(list, ",")
 	}
 	return tc
 }
