@@ -300,23 +300,37 @@ func checkSlotInUse(ctx context.Context, conn *pgx.Conn, slot string, h *connect
 	if slices.ContainsFunc(owned, func(r connect.Resource) bool { return r.Kind == KindReplicationSlot && r.Name == slot }) {
 		return nil
 	}
-	var pid int32
-	var app *string
+	exists, pid, who, err := slotHolder(ctx, conn, slot)
+	if err != nil || !exists || pid == 0 {
+		return err
+	}
+	return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q) and this connector did not create it: another connector of this name (of another deployment) streams it; delete that one, or give this connector another name (if a connector of this name was just deleted with %s=false, restart this one once its stream has ended)", slot, pid, who, KeyCleanupOnDelete)
+}
+
+// slotHolder looks a replication slot up: whether it exists, and the
+// backend reading it (0: none) with its application_name ("unknown" when
+// pg_stat_activity does not show it).
+func slotHolder(ctx context.Context, conn *pgx.Conn, slot string) (exists bool, pid int32, app string, err error) {
+	var activePID *int32
+	var name *string
 	err = conn.QueryRow(ctx, `
 SELECT s.active_pid, a.application_name::text
 FROM pg_catalog.pg_replication_slots s LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid
-WHERE s.slot_name = $1 AND s.active_pid IS NOT NULL`, slot).Scan(&pid, &app)
+WHERE s.slot_name = $1`, slot).Scan(&activePID, &name)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
+		return false, 0, "", nil
 	}
 	if err != nil {
-		return fmt.Errorf("looking up replication slot %s: %w", slot, err)
+		return false, 0, "", fmt.Errorf("looking up replication slot %s: %w", slot, err)
 	}
-	who := "unknown"
-	if app != nil {
-		who = *app
+	app = "unknown"
+	if name != nil {
+		app = *name
 	}
-	return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q) and this connector did not create it: another connector of this name (of another deployment) streams it; delete that one, or give this connector another name (if a connector of this name was just deleted with %s=false, restart this one once its stream has ended)", slot, pid, who, KeyCleanupOnDelete)
+	if activePID != nil {
+		pid = *activePID
+	}
+	return true, pid, app, nil
 }
 
 // slotCreateWait bounds how long creating the slot waits for the
@@ -393,19 +407,14 @@ func dropLogical(ctx context.Context, conn *pgx.Conn, s settings, h *connect.Hos
 func dropSlot(ctx context.Context, conn *pgx.Conn, slot, appPrefix string) error {
 	deadline := time.Now().Add(slotReleaseWait)
 	for {
-		var pid *int32
-		var app *string
-		err := conn.QueryRow(ctx, `
-SELECT s.active_pid, a.application_name::text
-FROM pg_catalog.pg_replication_slots s LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.active_pid
-WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
-		if errors.Is(err, pgx.ErrNoRows) {
+		exists, pid, app, err := slotHolder(ctx, conn, slot)
+		if err != nil {
+			return err
+		}
+		if !exists {
 			return nil // dropped by hand: nothing left
 		}
-		if err != nil {
-			return fmt.Errorf("looking up replication slot %s: %w", slot, err)
-		}
-		if pid == nil {
+		if pid == 0 {
 			_, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(s.slot_name) FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = $1`, slot)
 			var pgErr *pgconn.PgError
 			if err == nil {
@@ -414,16 +423,12 @@ WHERE s.slot_name = $1`, slot).Scan(&pid, &app)
 			if !errors.As(err, &pgErr) || pgErr.Code != "55006" { // object_in_use: a reader came meanwhile
 				return fmt.Errorf("dropping replication slot %s: %w", slot, err)
 			}
-		} else if app != nil && strings.HasPrefix(*app, appPrefix) {
-			if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend($1)`, *pid); err != nil {
-				return fmt.Errorf("ending this connector's connection %d that holds replication slot %s: %w", *pid, slot, err)
+		} else if strings.HasPrefix(app, appPrefix) {
+			if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend($1)`, pid); err != nil {
+				return fmt.Errorf("ending this connector's connection %d that holds replication slot %s: %w", pid, slot, err)
 			}
 		} else if time.Now().After(deadline) {
-			who := "unknown"
-			if app != nil {
-				who = *app
-			}
-			return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q): stop that client (or SELECT pg_terminate_backend(%d)) and delete again", slot, *pid, who, *pid)
+			return fmt.Errorf("replication slot %s is in use by backend %d (application_name %q): stop that client (or SELECT pg_terminate_backend(%d)) and delete again", slot, pid, app, pid)
 		}
 		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
 			return err
